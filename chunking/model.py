@@ -1,0 +1,109 @@
+"""What travels from master to worker and back, as plain data (Arrow tables).
+
+A :class:`QueryChunk` is everything a worker needs to evaluate one query over
+one run of instants, with no state kept on the worker between chunks:
+
+* ``items[i]``: the *visible* tuples of FROM item ``i`` (level in the rewritten
+  window level set), legacy first then new, in arrival order.  Columns:
+  ``_seq`` (int64, arrival index within the stream; increasing), ``ts``
+  (int64), ``level`` (string, canonical), then the stream's attributes in
+  declaration order.  Legacy rows (dissertation Def. 13) are those with
+  ``ts < instants[0]``.
+* ``instants``: the instants to evaluate and output, ascending: the distinct
+  ``ts`` of new visible rows over all items (SEMANTICS §5).
+* ``prev_instant``: the query's evaluation instant just before
+  ``instants[0]`` (``None`` at the start of the stream).  ISTREAM/DSTREAM
+  compare ``R(instants[0])`` with ``R(prev_instant)``; the legacy holds what
+  that needs.
+* ``state``/``state_upto``: for queries evaluated with a running state
+  (``LegacyMode.STATE``), an engine-defined Arrow table summarizing every
+  visible tuple with ``ts <= state_upto``; ``items`` then hold only tuples with
+  ``ts > state_upto``.  The master never looks inside ``state``.
+
+A :class:`ChunkResult` carries the output rows (``ts``, ``level``, then the
+query's output columns) for ``instants`` only, and, for STATE queries, the state
+after ``instants[-1]``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+__all__ = ["Chunk", "LegacyMode", "QueryChunk", "ChunkResult", "SYSTEM_FIELDS", "legacy_mode"]
+
+SYSTEM_FIELDS = ("_seq", "ts", "level")
+
+
+class LegacyMode(enum.Enum):
+    """How a query's history before a chunk reaches the worker."""
+
+    WINDOW = "window"  # bounded legacy per FROM item (ROWS/RANGE/NOW/PARTITION)
+    STATE = "state"  # unbounded aggregate over one FROM item: running state snapshot
+    NONE = "none"  # unbounded, one FROM item, no aggregate, ISTREAM/DSTREAM: no history needed
+    HISTORY = "history"  # unbounded otherwise (joins, RSTREAM of a selection): full visible history
+
+
+@dataclass
+class QueryChunk:
+    query_id: str
+    chunk_id: int
+    items: list[pa.Table]
+    instants: list[int]
+    prev_instant: int | None = None
+    state: pa.Table | None = None
+    state_upto: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return sum(t.num_rows for t in self.items)
+
+
+@dataclass
+class Chunk:
+    """One dispatch unit: a run of instants ``[first_ts, last_ts]`` for a query set.
+
+    ``queries`` holds a QueryChunk for every query that has at least one
+    visible instant in the run (a query with none produces no output there).
+    """
+
+    chunk_id: int
+    first_ts: int
+    last_ts: int
+    queries: list[QueryChunk]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(q.num_rows for q in self.queries)
+
+
+@dataclass
+class ChunkResult:
+    query_id: str
+    chunk_id: int
+    rows: pa.Table
+    state: pa.Table | None = None
+    state_upto: int | None = None
+    stats: dict = field(default_factory=dict)
+
+
+def legacy_mode(cq) -> LegacyMode:
+    """How chunks of compiled query ``cq`` (a ``strata.mlscql.CompiledQuery``) carry history.
+
+    Bounded windows (ROWS, RANGE, NOW, PARTITION BY) always carry a bounded
+    per-item legacy.  With a ``[RANGE UNBOUNDED]`` item: one item with an
+    aggregate → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
+    result only changes by the rows of new tuples); anything else → HISTORY
+    (every visible tuple of the unbounded items is legacy).
+    """
+    kinds = [f.window.kind for f in cq.query.from_]
+    if "unbounded" not in kinds:
+        return LegacyMode.WINDOW
+    if len(kinds) == 1:
+        if cq.is_aggregate:
+            return LegacyMode.STATE
+        if cq.r2s in ("ISTREAM", "DSTREAM"):
+            return LegacyMode.NONE
+    return LegacyMode.HISTORY

@@ -1,0 +1,171 @@
+"""The ``strata`` command line.
+
+Exit codes: 0 success; 1 operational error (bad config, I/O); 2 rejected
+query or bad usage; 3 failed login.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import ConfigError, load_config
+
+EXIT_OK, EXIT_ERROR, EXIT_REJECTED, EXIT_LOGIN = 0, 1, 2, 3
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+def _config(args):
+    try:
+        return load_config(args.config)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+
+
+# ---- users ------------------------------------------------------------------------
+def _read_password(confirm: bool) -> str:
+    if sys.stdin is not None and sys.stdin.isatty():
+        pw = getpass.getpass("password: ")
+        if confirm and getpass.getpass("again: ") != pw:
+            raise CliError("passwords differ", EXIT_REJECTED)
+        return pw
+    line = sys.stdin.readline() if sys.stdin is not None else ""
+    return line.rstrip("\r\n")
+
+
+def cmd_users_add(args) -> int:
+    from .users import UserError, UserStore
+
+    cfg = _config(args)
+    store = UserStore(cfg.users_path, cfg.lattice)
+    password = _read_password(confirm=True)
+    try:
+        user = store.add(args.name, args.clearance, password, replace=args.replace)
+    except UserError as e:
+        raise CliError(str(e), EXIT_REJECTED) from None
+    print(f"user {user.name} (clearance {user.clearance}) stored in {store.path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_users_list(args) -> int:
+    from .users import UserStore, principals
+
+    cfg = _config(args)
+    store = UserStore(cfg.users_path, cfg.lattice)
+    users = store.load()
+    if args.json:
+        print(json.dumps([
+            {"name": u.name, "clearance": u.clearance, "principals": [p.level for p in principals(u, cfg.lattice)]}
+            for u in users.values()
+        ]))
+    else:
+        for u in users.values():
+            print(f"{u.name}\t{u.clearance}\t{', '.join(str(p) for p in principals(u, cfg.lattice))}")
+    return EXIT_OK
+
+
+def cmd_users_remove(args) -> int:
+    from .users import UserError, UserStore
+
+    cfg = _config(args)
+    try:
+        UserStore(cfg.users_path, cfg.lattice).remove(args.name)
+    except UserError as e:
+        raise CliError(str(e), EXIT_REJECTED) from None
+    return EXIT_OK
+
+
+# ---- explain ----------------------------------------------------------------------
+def cmd_explain(args) -> int:
+    from .mlscql import QueryError, compile_query
+
+    cfg = _config(args)
+    text = args.query if args.query != "-" else sys.stdin.read()
+    try:
+        cq = compile_query(text, cfg, args.level)
+    except QueryError as e:
+        raise CliError(str(e).replace("\n", " "), EXIT_REJECTED) from None
+    if args.json:
+        print(json.dumps(cq.to_json(), ensure_ascii=False))
+    else:
+        print(cq.rewritten)
+        for n in cq.notes:
+            print(f"-- {n}")
+    return EXIT_OK
+
+
+# ---- parser -----------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata", description="Strata: multilevel-secure stream processing")
+    p.add_argument("--version", action="version", version=f"strata {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    users = sub.add_parser("users", help="manage users and clearances")
+    usub = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    ua = usub.add_parser("add", help="add a user; the password is read from stdin")
+    ua.add_argument("--config", required=True)
+    ua.add_argument("--name", required=True)
+    ua.add_argument("--clearance", required=True, help="highest level the user may log in at")
+    ua.add_argument("--replace", action="store_true", help="replace an existing user")
+    ua.set_defaults(func=cmd_users_add)
+    ul = usub.add_parser("list", help="list users and their principals")
+    ul.add_argument("--config", required=True)
+    ul.add_argument("--json", action="store_true")
+    ul.set_defaults(func=cmd_users_list)
+    ur = usub.add_parser("remove", help="remove a user")
+    ur.add_argument("--config", required=True)
+    ur.add_argument("--name", required=True)
+    ur.set_defaults(func=cmd_users_remove)
+
+    ex = sub.add_parser("explain", help="check and rewrite a query offline (Alg. 2-4)")
+    ex.add_argument("--config", required=True)
+    ex.add_argument("--level", required=True, help="the session level the query would run at")
+    ex.add_argument("--json", action="store_true", help="print a JSON object")
+    ex.add_argument("query", help="MLS-CQL text, or - to read stdin")
+    ex.set_defaults(func=cmd_explain)
+
+    for register in _EXTENSIONS:
+        register(sub)
+    return p
+
+
+#: later subsystems (cluster, replay) add their subcommands here
+_EXTENSIONS: list = []
+
+
+def _load_extensions() -> None:
+    try:
+        from .commands import register_all
+    except ImportError:
+        return
+    register_all(_EXTENSIONS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_extensions()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"strata: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Deployment configuration: lattice, streams, time, cluster settings (TOML).
+
+Example::
+
+    [lattice]
+    levels = ["U", "C", "S", "TS"]        # lowest first; or: coi = [["1","2"],["A","B","C"]]
+
+    [time]
+    instant_seconds = 1                    # length of one instant
+
+    [streams.Vitals]
+    sid = "string"
+    bp = "double"
+
+Errors raise ConfigError naming the file, the key and (when it can be found)
+the line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .lattice import ChineseWall, Lattice, TotalOrder
+
+__all__ = ["Config", "ConfigError", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "load_config", "parse_config"]
+
+#: attribute types a stream may declare
+TYPES = ("string", "double", "long", "boolean", "timestamp")
+#: system attributes every stream has: readable in queries, never writable
+SYSTEM_COLUMNS = {"ts": "long", "level": "level"}
+#: top-level sections; sections beyond lattice/time/streams belong to the cluster
+KNOWN_SECTIONS = ("lattice", "time", "streams", "cluster", "groups", "tls", "security")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StreamSchema:
+    name: str
+    columns: tuple[tuple[str, str], ...]  # user attributes in declaration order
+
+    def type_of(self, column: str) -> str | None:
+        if column in SYSTEM_COLUMNS:
+            return SYSTEM_COLUMNS[column]
+        return dict(self.columns).get(column)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.columns)
+
+
+@dataclass(frozen=True)
+class Config:
+    lattice: Lattice
+    streams: dict[str, StreamSchema]
+    instant_seconds: float = 1.0
+    path: Path | None = None
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def stream(self, name: str) -> StreamSchema | None:
+        """Case-insensitive stream lookup (CQL keywords and names are case-insensitive)."""
+        if name in self.streams:
+            return self.streams[name]
+        folded = {k.lower(): v for k, v in self.streams.items()}
+        return folded.get(name.lower())
+
+    @property
+    def users_path(self) -> Path:
+        if self.path is None:
+            raise ConfigError("this configuration was not loaded from a file; it has no users file")
+        return self.path.with_name(self.path.stem + ".users.json")
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read configuration: {e.strerror or e}") from None
+    return parse_config(text, path=p)
+
+
+def parse_config(text: str, path: Path | None = None) -> Config:
+    where = str(path) if path else "<config>"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: invalid TOML: {e}") from None
+
+    def err(section: str, key: str | None, msg: str) -> ConfigError:
+        line = _line_of(text, section, key)
+        loc = f"[{section}]" + (f" {key}" if key else "")
+        return ConfigError(f"{where}{f':{line}' if line else ''}: {loc}: {msg}")
+
+    for sec in data:
+        if sec not in KNOWN_SECTIONS:
+            return_err = ConfigError(
+                f"{where}:{_line_of(text, sec, None) or '?'}: unknown section [{sec}] "
+                f"(known: {', '.join(KNOWN_SECTIONS)})"
+            )
+            raise return_err
+
+    lat = data.get("lattice")
+    if not isinstance(lat, dict):
+        raise ConfigError(f"{where}: missing [lattice] section (levels = [...] or coi = [[...], ...])")
+    unknown = set(lat) - {"levels", "coi"}
+    if unknown:
+        k = sorted(unknown)[0]
+        raise err("lattice", k, "unknown key (expected 'levels' or 'coi')")
+    if ("levels" in lat) == ("coi" in lat):
+        raise err("lattice", None, "give exactly one of 'levels' (total order) or 'coi' (Chinese Wall)")
+    try:
+        if "levels" in lat:
+            if not isinstance(lat["levels"], list) or not all(isinstance(x, str) for x in lat["levels"]):
+                raise ValueError("must be a list of level names, lowest first")
+            lattice: Lattice = TotalOrder(lat["levels"])
+        else:
+            coi = lat["coi"]
+            if not isinstance(coi, list) or not all(isinstance(c, list) for c in coi):
+                raise ValueError("must be a list of lists of company names")
+            lattice = ChineseWall(coi)
+    except ValueError as e:
+        raise err("lattice", "levels" if "levels" in lat else "coi", str(e)) from None
+
+    time = data.get("time", {})
+    if not isinstance(time, dict):
+        raise err("time", None, "must be a table")
+    if set(time) - {"instant_seconds"}:
+        raise err("time", sorted(set(time) - {"instant_seconds"})[0], "unknown key (expected instant_seconds)")
+    instant = time.get("instant_seconds", 1)
+    if isinstance(instant, bool) or not isinstance(instant, (int, float)) or instant <= 0:
+        raise err("time", "instant_seconds", "must be a positive number of seconds")
+
+    raw_streams = data.get("streams", {})
+    if not isinstance(raw_streams, dict):
+        raise err("streams", None, "must be a table of [streams.NAME] tables")
+    streams: dict[str, StreamSchema] = {}
+    lowered: set[str] = set()
+    for sname, cols in raw_streams.items():
+        sec = f"streams.{sname}"
+        if not _IDENT.fullmatch(sname):
+            raise err(sec, None, f"stream name {sname!r} is not an identifier")
+        if sname.lower() in lowered:
+            raise err(sec, None, f"stream {sname!r} is declared twice (names are case-insensitive)")
+        lowered.add(sname.lower())
+        if not isinstance(cols, dict) or not cols:
+            raise err(sec, None, "declare at least one attribute, e.g. bp = \"double\"")
+        out = []
+        seen: set[str] = set()
+        for col, typ in cols.items():
+            if not _IDENT.fullmatch(col):
+                raise err(sec, col, "attribute name is not an identifier")
+            if col.lower() in SYSTEM_COLUMNS:
+                raise err(sec, col, f"'{col}' is a system attribute every stream has; it cannot be declared")
+            if col.lower() in seen:
+                raise err(sec, col, "attribute declared twice (names are case-insensitive)")
+            seen.add(col.lower())
+            if typ not in TYPES:
+                raise err(sec, col, f"unknown type {typ!r} (types: {', '.join(TYPES)})")
+            out.append((col, typ))
+        streams[sname] = StreamSchema(sname, tuple(out))
+
+    rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams")}
+    return Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest)
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _line_of(text: str, section: str, key: str | None) -> int | None:
+    """1-based line of ``key`` inside ``[section]`` (or of the section header)."""
+    lines = text.splitlines()
+    header = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(re.escape(p) for p in section.split(".")) + r"\s*\]")
+    start = None
+    for i, line in enumerate(lines):
+        if header.match(line):
+            start = i
+            break
+    if start is None:
+        return None
+    if key is None:
+        return start + 1
+    keyre = re.compile(r"^\s*\"?" + re.escape(key) + r"\"?\s*=")
+    for j in range(start + 1, len(lines)):
+        if lines[j].lstrip().startswith("["):
+            break
+        if keyre.match(lines[j]):
+            return j + 1
+    return start + 1

@@ -1,0 +1,581 @@
+"""Semantic analysis, authorization, secure rewriting and optimization.
+
+``compile_query(text, config, level)`` runs the whole front end of SEMANTICS.md
+§3-4 and returns a :class:`CompiledQuery`:
+
+1. parse;
+2. semantic analysis against the declared streams: resolve FROM items and
+   columns (every column ends up qualified by its FROM item), decide which
+   names are level literals, type-check, check GROUP BY / HAVING;
+3. **authorize** (Alg. 2 with ≤): every level the query names, in a window
+   clause or anywhere in an expression, must be dominated by the query level;
+4. **rewrite** (Alg. 3): no window → ``[RANGE UNBOUNDED]``; no level clause →
+   ``level in dominated(L)``; a clause is intersected with ``dominated(L)``;
+5. **optimize** (Alg. 4 as corrected): reject disjoint window/WHERE level sets;
+   move the WHERE level set into RANGE/UNBOUNDED/NOW windows and into
+   PARTITION BY windows partitioned by ``level``; drop it for ROWS windows
+   whose set is already inside it.
+
+Errors are :class:`QueryError` subclasses whose message names the clause and
+never contains data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..config import Config, StreamSchema
+from ..lattice import LevelError
+from . import ast as A
+from .parser import QueryError, parse
+from .printer import expr_text, to_text
+
+__all__ = [
+    "CompiledQuery", "ItemInfo", "OutputColumn", "SemanticError", "AuthorizationError",
+    "OptimizationError", "compile_query", "analyze", "NUMERIC",
+]
+
+NUMERIC = ("long", "double", "timestamp")
+
+
+class SemanticError(QueryError):
+    stage = "semantic"
+
+
+class AuthorizationError(QueryError):
+    stage = "authorization"
+
+
+class OptimizationError(QueryError):
+    stage = "optimization"
+
+
+@dataclass(frozen=True)
+class ItemInfo:
+    name: str  # alias, else stream name: the qualifier of its columns
+    stream: str
+    schema: StreamSchema
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    name: str
+    type: str  # string | long | double | boolean | timestamp | level | null
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    """A query accepted at ``level``, rewritten and optimized (SEMANTICS §4)."""
+
+    text: str
+    level: str
+    query: A.Query  # final form: qualified columns, explicit windows with level sets
+    items: tuple[ItemInfo, ...]
+    outputs: tuple[OutputColumn, ...]
+    r2s: str  # effective: ISTREAM | RSTREAM | DSTREAM
+    is_aggregate: bool
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def rewritten(self) -> str:
+        """The rewritten text shown to the user (qualifiers dropped for one FROM item)."""
+        q = self.query if len(self.items) > 1 else _strip_qualifiers(self.query)
+        return to_text(q)
+
+    def window_levels(self, i: int) -> frozenset[str]:
+        return self.query.from_[i].window.levels
+
+    def to_json(self) -> dict:
+        wins = []
+        for item, f in zip(self.items, self.query.from_):
+            w = f.window
+            d = {"stream": item.stream, "alias": f.alias or item.stream, "kind": w.kind,
+                 "levels": list(w.clause.levels)}
+            if w.rows is not None:
+                d["rows"] = w.rows
+            if w.kind == "range":
+                d["range"] = {"amount": w.range_amount, "unit": w.range_unit}
+            if w.partition_by:
+                d["partition_by"] = list(w.partition_by)
+            wins.append(d)
+        return {
+            "level": self.level,
+            "query": self.text,
+            "rewritten": self.rewritten,
+            "r2s": self.r2s,
+            "aggregate": self.is_aggregate,
+            "windows": wins,
+            "columns": [{"name": c.name, "type": c.type} for c in self.outputs],
+            "notes": list(self.notes),
+        }
+
+
+def compile_query(text: str, config: Config, level: str) -> CompiledQuery:
+    """Parse, analyze, authorize, rewrite and optimize ``text`` for a session at ``level``."""
+    try:
+        lvl = config.lattice.parse(level)
+    except LevelError as e:
+        raise AuthorizationError(f"query level: {e}") from None
+    return analyze(parse(text), config, lvl, text=text)
+
+
+def analyze(q: A.Query, config: Config, level: str, text: str | None = None) -> CompiledQuery:
+    return _Analyzer(config, level).run(q, text if text is not None else to_text(q))
+
+
+# ---------------------------------------------------------------------------
+
+
+class _Analyzer:
+    def __init__(self, config: Config, level: str):
+        self.config = config
+        self.lat = config.lattice
+        self.level = level
+        self.dominated = self.lat.dominated(level)
+        self.notes: list[str] = []
+
+    # -- driver -----------------------------------------------------------------
+    def run(self, q: A.Query, text: str) -> CompiledQuery:
+        items = self._resolve_from(q.from_)
+        self.items = items
+        from_ = tuple(self._resolve_window(f, it) for f, it in zip(q.from_, items))
+
+        where = self._expr_bool(q.where, "WHERE", allow_agg=False) if q.where is not None else None
+        group_by = tuple(self._expr(g, "GROUP BY", allow_agg=False)[0] for g in q.group_by)
+        having = self._expr_bool(q.having, "HAVING", allow_agg=True) if q.having is not None else None
+
+        if q.select is None:
+            select, outputs = self._star(items)
+        else:
+            select, outputs = self._select_list(q.select)
+
+        is_agg = bool(group_by) or having is not None or any(A.aggregates_in(s.expr) for s in select)
+        if is_agg:
+            if q.select is None:
+                raise SemanticError("SELECT * cannot be combined with GROUP BY, HAVING or aggregates")
+            for s in select:
+                self._check_grouped(s.expr, group_by, "SELECT")
+            if having is not None:
+                self._check_grouped(having, group_by, "HAVING")
+
+        has_agg_in_select = any(A.aggregates_in(s.expr) for s in select)
+        r2s = q.r2s or ("RSTREAM" if has_agg_in_select else "ISTREAM")
+
+        query = A.Query(select, from_, where, group_by, having, q.r2s, q.wrapped)
+        self._authorize(query)
+        query = self._rewrite(query)
+        query = self._optimize(query)
+        return CompiledQuery(text, self.level, query, items, outputs, r2s, is_agg, tuple(self.notes))
+
+    # -- FROM ---------------------------------------------------------------------
+    def _resolve_from(self, from_: tuple[A.FromItem, ...]) -> tuple[ItemInfo, ...]:
+        out: list[ItemInfo] = []
+        seen: dict[str, str] = {}
+        for f in from_:
+            schema = self.config.stream(f.stream)
+            if schema is None:
+                known = ", ".join(sorted(self.config.streams)) or "none declared"
+                raise SemanticError(f"FROM: unknown stream {f.stream!r} (streams: {known})")
+            name = f.alias or schema.name
+            key = name.lower()
+            if key in seen:
+                raise SemanticError(
+                    f"FROM: {name!r} is used twice; give each reference of a stream its own alias"
+                )
+            seen[key] = name
+            out.append(ItemInfo(name, schema.name, schema))
+        return tuple(out)
+
+    def _resolve_window(self, f: A.FromItem, item: ItemInfo) -> A.FromItem:
+        w = f.window
+        if w is None:
+            return A.FromItem(item.stream, None, f.alias)
+        if w.kind == "partition":
+            cols = []
+            for c in w.partition_by:
+                canon = _canon_column(item.schema, c)
+                if canon is None:
+                    raise SemanticError(f"window of {item.name}: PARTITION BY names unknown attribute {c!r}")
+                if canon == "ts":
+                    raise SemanticError(f"window of {item.name}: cannot partition by the timestamp ts")
+                cols.append(canon)
+            if len(set(cols)) != len(cols):
+                raise SemanticError(f"window of {item.name}: PARTITION BY repeats an attribute")
+            w = replace(w, partition_by=tuple(cols))
+        if w.clause is not None:
+            ctx = f"window clause of {item.name}"
+            levels = tuple(self._level(x, ctx) for x in w.clause.levels)
+            w = replace(w, clause=A.LevelClause(w.clause.form, levels))
+        return A.FromItem(item.stream, w, f.alias)
+
+    def _level(self, text: str, ctx: str) -> str:
+        try:
+            return self.lat.parse(text)
+        except LevelError as e:
+            raise SemanticError(f"{ctx}: {e}") from None
+
+    # -- expressions --------------------------------------------------------------
+    def _column(self, c: A.Column, ctx: str) -> tuple[A.Column, str]:
+        if c.qualifier is not None:
+            matches = [it for it in self.items if it.name.lower() == c.qualifier.lower()]
+            if not matches:
+                raise SemanticError(f"{ctx}: unknown stream or alias {c.qualifier!r} in {c.qualifier}.{c.name}")
+            it = matches[0]
+            canon = _canon_column(it.schema, c.name)
+            if canon is None:
+                raise SemanticError(f"{ctx}: {it.name} has no attribute {c.name!r}")
+            return A.Column(it.name, canon), it.schema.type_of(canon)
+        hits = [(it, _canon_column(it.schema, c.name)) for it in self.items]
+        hits = [(it, canon) for it, canon in hits if canon is not None]
+        if not hits:
+            raise SemanticError(f"{ctx}: unknown attribute {c.name!r}")
+        if len(hits) > 1:
+            names = ", ".join(f"{it.name}.{canon}" for it, canon in hits)
+            raise SemanticError(f"{ctx}: attribute {c.name!r} is ambiguous ({names}); qualify it")
+        it, canon = hits[0]
+        return A.Column(it.name, canon), it.schema.type_of(canon)
+
+    def _as_level(self, e: A.Expr, ctx: str) -> A.LevelLiteral | None:
+        """Interpret a comparison operand next to ``level`` as a level literal."""
+        if isinstance(e, A.LevelLiteral):
+            return A.LevelLiteral(self._level(e.text, ctx))
+        if isinstance(e, A.Column) and e.qualifier is None and self.lat.contains(e.name):
+            # next to `level` a level name wins: no attribute besides `level` has type level
+            return A.LevelLiteral(self.lat.parse(e.name))
+        if isinstance(e, A.Literal) and e.type == "string":
+            return A.LevelLiteral(self._level(e.value, ctx))
+        if isinstance(e, A.Literal) and e.type == "long" and self.lat.contains(str(e.value)):
+            return A.LevelLiteral(self.lat.parse(str(e.value)))
+        return None
+
+    def _expr_bool(self, e: A.Expr, ctx: str, allow_agg: bool) -> A.Expr:
+        out, t = self._expr(e, ctx, allow_agg)
+        if t not in ("boolean", "null"):
+            raise SemanticError(f"{ctx} must be a condition, got an expression of type {t}")
+        return out
+
+    def _expr(self, e: A.Expr, ctx: str, allow_agg: bool, in_agg: bool = False) -> tuple[A.Expr, str]:
+        if isinstance(e, A.Literal):
+            return e, e.type
+        if isinstance(e, A.LevelLiteral):
+            return A.LevelLiteral(self._level(e.text, ctx)), "level"
+        if isinstance(e, A.Column):
+            return self._column(e, ctx)
+        if isinstance(e, A.Aggregate):
+            if not allow_agg:
+                raise SemanticError(f"{ctx}: aggregate {e.func} is not allowed here")
+            if in_agg:
+                raise SemanticError(f"{ctx}: aggregates cannot be nested ({expr_text(e)})")
+            if e.arg is None:
+                return e, "long"
+            arg, t = self._expr(e.arg, ctx, allow_agg, in_agg=True)
+            if t == "level":
+                raise SemanticError(f"{ctx}: {e.func} cannot aggregate levels")
+            if e.func in ("SUM", "AVG") and t not in NUMERIC:
+                raise SemanticError(f"{ctx}: {e.func} needs a numeric argument, got {t}")
+            if e.func in ("MIN", "MAX") and t == "boolean":
+                raise SemanticError(f"{ctx}: {e.func} of a boolean is not supported")
+            out_t = {"COUNT": "long", "AVG": "double"}.get(e.func, "long" if t == "timestamp" and e.func == "SUM" else t)
+            return A.Aggregate(e.func, arg), out_t
+        if isinstance(e, A.Unary):
+            x, t = self._expr(e.operand, ctx, allow_agg, in_agg)
+            if e.op == "NOT":
+                if t not in ("boolean", "null"):
+                    raise SemanticError(f"{ctx}: NOT needs a condition, got {t}")
+                return A.Unary("NOT", x), "boolean"
+            if t not in NUMERIC and t != "null":
+                raise SemanticError(f"{ctx}: unary minus needs a number, got {t}")
+            return A.Unary("-", x), "long" if t == "timestamp" else t
+        if isinstance(e, A.Binary):
+            return self._binary(e, ctx, allow_agg, in_agg)
+        if isinstance(e, A.InList):
+            x, t = self._expr(e.operand, ctx, allow_agg, in_agg)
+            items = []
+            for it in e.items:
+                if t == "level":
+                    lv = self._as_level(it, ctx)
+                    if lv is None:
+                        raise SemanticError(f"{ctx}: {expr_text(it)} is not a level of the lattice")
+                    items.append(lv)
+                    continue
+                y, ty = self._expr(it, ctx, allow_agg, in_agg)
+                _comparable(t, ty, ctx, expr_text(e))
+                items.append(y)
+            return A.InList(x, tuple(items), e.negated, e.braces), "boolean"
+        if isinstance(e, A.DominatedBy):
+            x, t = self._expr(e.operand, ctx, allow_agg, in_agg)
+            if t != "level":
+                raise SemanticError(f"{ctx}: DOMINATED BY applies to level, not to {expr_text(e.operand)}")
+            return A.DominatedBy(x, A.LevelLiteral(self._level(e.level.text, ctx))), "boolean"
+        if isinstance(e, A.IsNull):
+            x, _ = self._expr(e.operand, ctx, allow_agg, in_agg)
+            return A.IsNull(x, e.negated), "boolean"
+        raise SemanticError(f"{ctx}: unsupported expression {e!r}")
+
+    def _binary(self, e: A.Binary, ctx: str, allow_agg: bool, in_agg: bool) -> tuple[A.Expr, str]:
+        if e.op in ("AND", "OR"):
+            l, tl = self._expr(e.left, ctx, allow_agg, in_agg)
+            r, tr = self._expr(e.right, ctx, allow_agg, in_agg)
+            for t, side in ((tl, e.left), (tr, e.right)):
+                if t not in ("boolean", "null"):
+                    raise SemanticError(f"{ctx}: {e.op} needs conditions, got {expr_text(side)} of type {t}")
+            return A.Binary(e.op, l, r), "boolean"
+        if e.op in A.COMPARISONS:
+            # `level = U`: a bare name next to level is a level literal
+            left, right = e.left, e.right
+            l, tl = (None, None)
+            if isinstance(left, A.Column) and left.name.lower() == "level":
+                l, tl = self._expr(left, ctx, allow_agg, in_agg)
+                lv = self._as_level(right, ctx) if tl == "level" else None
+                if lv is not None:
+                    return self._level_compare(e.op, l, lv, ctx)
+            if isinstance(right, A.Column) and right.name.lower() == "level":
+                r, tr = self._expr(right, ctx, allow_agg, in_agg)
+                lv = self._as_level(left, ctx) if tr == "level" else None
+                if lv is not None:
+                    return self._level_compare(_flip(e.op), r, lv, ctx)
+            if l is None:
+                l, tl = self._expr(left, ctx, allow_agg, in_agg)
+            r, tr = self._expr(right, ctx, allow_agg, in_agg)
+            if "level" in (tl, tr) and e.op not in ("=", "!="):
+                raise SemanticError(f"{ctx}: levels are compared with =, != or DOMINATED BY, not {e.op}")
+            _comparable(tl, tr, ctx, expr_text(e))
+            return A.Binary(e.op, l, r), "boolean"
+        # arithmetic
+        l, tl = self._expr(e.left, ctx, allow_agg, in_agg)
+        r, tr = self._expr(e.right, ctx, allow_agg, in_agg)
+        for t, side in ((tl, e.left), (tr, e.right)):
+            if t not in NUMERIC and t != "null":
+                raise SemanticError(f"{ctx}: {e.op} needs numbers, got {expr_text(side)} of type {t}")
+        if e.op == "/" or "double" in (tl, tr):
+            t = "double"
+        else:
+            t = "long"
+        return A.Binary(e.op, l, r), t
+
+    def _level_compare(self, op: str, col: A.Expr, lv: A.LevelLiteral, ctx: str) -> tuple[A.Expr, str]:
+        if op not in ("=", "!="):
+            raise SemanticError(f"{ctx}: levels are compared with =, != or DOMINATED BY, not {op}")
+        return A.Binary(op, col, lv), "boolean"
+
+    # -- select list ---------------------------------------------------------------
+    def _star(self, items: tuple[ItemInfo, ...]):
+        counts: dict[str, int] = {}
+        for it in items:
+            for c in it.schema.column_names:
+                counts[c.lower()] = counts.get(c.lower(), 0) + 1
+        select, outputs = [], []
+        for it in items:
+            for c, t in it.schema.columns:
+                name = c if counts[c.lower()] == 1 else f"{it.name}_{c}"
+                select.append(A.SelectItem(A.Column(it.name, c), name if name != c else None))
+                outputs.append(OutputColumn(name, t))
+        return tuple(select), tuple(outputs)
+
+    def _select_list(self, sel: tuple[A.SelectItem, ...]):
+        select, outputs, used = [], [], {"ts", "level"}
+        explicit = {s.alias.lower() for s in sel if s.alias}
+        for s in sel:
+            e, t = self._expr(s.expr, "SELECT", allow_agg=True)
+            if s.alias:
+                name = s.alias
+                if name.lower() in used:
+                    raise SemanticError(f"SELECT: output column name {name!r} is used twice or is reserved (ts, level)")
+            else:
+                base = e.name if isinstance(e, A.Column) else expr_text(_strip_expr(e))
+                name, k = base, 1
+                while name.lower() in used or (name.lower() in explicit and name != base):
+                    k += 1
+                    name = f"{base}_{k}"
+                if name.lower() in explicit:
+                    k = 2
+                    while f"{base}_{k}".lower() in used | explicit:
+                        k += 1
+                    name = f"{base}_{k}"
+            used.add(name.lower())
+            select.append(A.SelectItem(e, s.alias))
+            outputs.append(OutputColumn(name, t))
+        return tuple(select), tuple(outputs)
+
+    def _check_grouped(self, e: A.Expr, group_by: tuple[A.Expr, ...], ctx: str) -> None:
+        if e in group_by or isinstance(e, (A.Aggregate, A.Literal, A.LevelLiteral)):
+            return
+        if isinstance(e, A.Column):
+            raise SemanticError(
+                f"{ctx}: {e.name} must appear in GROUP BY or inside an aggregate"
+            )
+        for child in _children(e):
+            self._check_grouped(child, group_by, ctx)
+
+    # -- authorization (Alg. 2) ------------------------------------------------------
+    def _authorize(self, q: A.Query) -> None:
+        for f in q.from_:
+            w = f.window
+            if w is not None and w.clause is not None:
+                for lv in w.clause.levels:
+                    if lv not in self.dominated:
+                        raise AuthorizationError(
+                            f"window clause of {f.name} names level {lv}, which the query level "
+                            f"{self.level} does not dominate"
+                        )
+        parts = [("WHERE", q.where), ("HAVING", q.having)]
+        parts += [("SELECT", s.expr) for s in q.select or ()]
+        parts += [("GROUP BY", g) for g in q.group_by]
+        for ctx, e in parts:
+            if e is None:
+                continue
+            for x in A.walk(e):
+                if isinstance(x, A.LevelLiteral) and x.text not in self.dominated:
+                    raise AuthorizationError(
+                        f"{ctx} condition names level {x.text}, which the query level {self.level} does not dominate"
+                    )
+
+    # -- rewriting (Alg. 3) --------------------------------------------------------
+    def _rewrite(self, q: A.Query) -> A.Query:
+        out = []
+        for f in q.from_:
+            w = f.window or A.Window("unbounded")
+            if w.clause is None:
+                levels = self.dominated
+            elif w.clause.form == "dominated":
+                levels = self.lat.dominated(w.clause.levels[0]) & self.dominated
+            else:
+                levels = frozenset(w.clause.levels) & self.dominated
+            w = replace(w, clause=A.LevelClause("in", tuple(self.lat.sort(levels))))
+            out.append(replace(f, window=w))
+        return replace(q, from_=tuple(out))
+
+    # -- optimization (Alg. 4 as corrected in SEMANTICS §4) --------------------------
+    def _optimize(self, q: A.Query) -> A.Query:
+        conjuncts = _conjuncts(q.where)
+        from_ = list(q.from_)
+        drop: set[int] = set()
+        for i, f in enumerate(from_):
+            mine = [(k, c) for k, c in enumerate(conjuncts) if self._level_set_of(c, f.name) is not None]
+            if not mine:
+                continue
+            sigma = self.dominated
+            for _, c in mine:
+                sigma = sigma & self._level_set_of(c, f.name)
+            w = f.window
+            wset = frozenset(w.clause.levels)
+            if not (wset & sigma):
+                raise OptimizationError(
+                    f"the WHERE level condition on {f.name} excludes every level its window admits; "
+                    "the query can never output"
+                )
+            movable = w.kind in ("range", "unbounded", "now") or (
+                w.kind == "partition" and "level" in w.partition_by
+            )
+            if movable:
+                new = frozenset(wset & sigma)
+                from_[i] = replace(f, window=replace(w, clause=A.LevelClause("in", tuple(self.lat.sort(new)))))
+                drop.update(k for k, _ in mine)
+                self.notes.append(f"moved the WHERE level condition on {f.name} into its window")
+            elif w.kind in ("rows", "partition") and wset <= sigma:
+                drop.update(k for k, _ in mine)
+                self.notes.append(f"dropped the WHERE level condition on {f.name}: its window admits only those levels")
+        kept = [c for k, c in enumerate(conjuncts) if k not in drop]
+        where = _and_all(kept)
+        return replace(q, from_=tuple(from_), where=where)
+
+    def _level_set_of(self, c: A.Expr, item: str) -> frozenset[str] | None:
+        """Level set σ if ``c`` is a pure level condition on FROM item ``item``."""
+        def is_mine(x):
+            return isinstance(x, A.Column) and x.qualifier == item and x.name == "level"
+
+        if isinstance(c, A.Binary) and c.op in ("=", "!=") and is_mine(c.left) and isinstance(c.right, A.LevelLiteral):
+            s = frozenset({c.right.text})
+            return s if c.op == "=" else self.dominated - s
+        if isinstance(c, A.InList) and is_mine(c.operand) and all(isinstance(i, A.LevelLiteral) for i in c.items):
+            s = frozenset(i.text for i in c.items)
+            return self.dominated - s if c.negated else s
+        if isinstance(c, A.DominatedBy) and is_mine(c.operand):
+            return self.lat.dominated(c.level.text)
+        return None
+
+
+# ---------------------------------------------------------------------------
+
+
+def _canon_column(schema: StreamSchema, name: str) -> str | None:
+    low = name.lower()
+    if low in ("ts", "level"):
+        return low
+    for c in schema.column_names:
+        if c.lower() == low:
+            return c
+    return None
+
+
+def _comparable(a: str, b: str, ctx: str, what: str) -> None:
+    if "null" in (a, b) or a == b:
+        return
+    if a in NUMERIC and b in NUMERIC:
+        return
+    raise SemanticError(f"{ctx}: cannot compare {a} with {b} in {what}")
+
+
+def _flip(op: str) -> str:
+    return {"<": ">", ">": "<", "<=": ">=", ">=": "<="}.get(op, op)
+
+
+def _children(e: A.Expr):
+    if isinstance(e, A.Unary):
+        return [e.operand]
+    if isinstance(e, A.Binary):
+        return [e.left, e.right]
+    if isinstance(e, A.InList):
+        return [e.operand, *e.items]
+    if isinstance(e, (A.DominatedBy, A.IsNull)):
+        return [e.operand]
+    if isinstance(e, A.Aggregate):
+        return [] if e.arg is None else [e.arg]
+    return []
+
+
+def _conjuncts(e: A.Expr | None) -> list[A.Expr]:
+    if e is None:
+        return []
+    if isinstance(e, A.Binary) and e.op == "AND":
+        return _conjuncts(e.left) + _conjuncts(e.right)
+    return [e]
+
+
+def _and_all(es: list[A.Expr]) -> A.Expr | None:
+    if not es:
+        return None
+    out = es[0]
+    for e in es[1:]:
+        out = A.Binary("AND", out, e)
+    return out
+
+
+def _strip_expr(e):
+    """Drop column qualifiers (for display with a single FROM item)."""
+    if isinstance(e, A.Column):
+        return A.Column(None, e.name)
+    if isinstance(e, A.Unary):
+        return A.Unary(e.op, _strip_expr(e.operand))
+    if isinstance(e, A.Binary):
+        return A.Binary(e.op, _strip_expr(e.left), _strip_expr(e.right))
+    if isinstance(e, A.InList):
+        return A.InList(_strip_expr(e.operand), tuple(_strip_expr(i) for i in e.items), e.negated, e.braces)
+    if isinstance(e, A.DominatedBy):
+        return A.DominatedBy(_strip_expr(e.operand), e.level)
+    if isinstance(e, A.IsNull):
+        return A.IsNull(_strip_expr(e.operand), e.negated)
+    if isinstance(e, A.Aggregate):
+        return A.Aggregate(e.func, None if e.arg is None else _strip_expr(e.arg))
+    return e
+
+
+def _strip_qualifiers(q: A.Query) -> A.Query:
+    s = None if q.select is None else tuple(A.SelectItem(_strip_expr(i.expr), i.alias) for i in q.select)
+    return replace(
+        q,
+        select=s,
+        where=None if q.where is None else _strip_expr(q.where),
+        group_by=tuple(_strip_expr(g) for g in q.group_by),
+        having=None if q.having is None else _strip_expr(q.having),
+    )

@@ -1,0 +1,165 @@
+"""MLS-CQL abstract syntax: immutable, hashable dataclasses.
+
+The same types describe a query straight from the parser (level literals as
+written, columns possibly unqualified) and after analysis/rewriting (levels
+canonical, every column qualified by its FROM item's alias, every window with a
+level set).  Pipelines build new trees with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+__all__ = [
+    "Expr", "Column", "Literal", "LevelLiteral", "Unary", "Binary", "InList", "DominatedBy",
+    "IsNull", "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query",
+    "AGGREGATES", "COMPARISONS", "ARITHMETIC", "walk", "aggregates_in", "columns_in",
+]
+
+AGGREGATES = ("COUNT", "SUM", "AVG", "MIN", "MAX")
+COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
+ARITHMETIC = ("+", "-", "*", "/", "%")
+
+
+@dataclass(frozen=True)
+class Column:
+    qualifier: str | None
+    name: str
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: object  # str | int | float | bool | None
+    type: str  # string | long | double | boolean | null
+
+
+@dataclass(frozen=True)
+class LevelLiteral:
+    """A level written in a query: ``TS``, ``"S"``, ``[1,B]``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "-" | "NOT"
+    operand: "Expr"
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str  # arithmetic, comparison, AND, OR
+    left: "Expr"
+    right: "Expr"
+
+
+@dataclass(frozen=True)
+class InList:
+    operand: "Expr"
+    items: tuple["Expr", ...]
+    negated: bool = False
+    braces: bool = False  # written as {a,b} (level sets) rather than (a,b)
+
+
+@dataclass(frozen=True)
+class DominatedBy:
+    operand: "Expr"
+    level: LevelLiteral
+
+
+@dataclass(frozen=True)
+class IsNull:
+    operand: "Expr"
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    func: str  # one of AGGREGATES
+    arg: "Expr | None"  # None means COUNT(*)
+
+
+Expr = Union[Column, Literal, LevelLiteral, Unary, Binary, InList, DominatedBy, IsNull, Aggregate]
+
+
+@dataclass(frozen=True)
+class LevelClause:
+    """A window's level clause: ``level in {U,C}``, ``level = S``, ``level DOMINATED BY [1,B]``."""
+
+    form: str  # "in" | "eq" | "dominated"
+    levels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Window:
+    kind: str  # rows | range | unbounded | now | partition
+    rows: int | None = None
+    range_amount: float | None = None
+    range_unit: str | None = None  # canonical unit name: seconds, minutes, hours, days, milliseconds
+    partition_by: tuple[str, ...] = ()
+    clause: LevelClause | None = None
+
+    @property
+    def levels(self) -> frozenset[str] | None:
+        """The window's level set once rewriting made it an explicit ``in`` set."""
+        if self.clause is None:
+            return None
+        if self.clause.form not in ("in", "eq"):
+            raise ValueError("level set of a DOMINATED BY clause needs the lattice; rewrite the query first")
+        return frozenset(self.clause.levels)
+
+
+@dataclass(frozen=True)
+class FromItem:
+    stream: str
+    window: Window | None = None
+    alias: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How columns of this item are qualified: the alias, else the stream name."""
+        return self.alias or self.stream
+
+
+@dataclass(frozen=True)
+class SelectItem:
+    expr: Expr
+    alias: str | None = None
+
+
+@dataclass(frozen=True)
+class Query:
+    select: tuple[SelectItem, ...] | None  # None means SELECT *
+    from_: tuple[FromItem, ...]
+    where: Expr | None = None
+    group_by: tuple[Expr, ...] = ()
+    having: Expr | None = None
+    r2s: str | None = None  # ISTREAM | RSTREAM | DSTREAM, None = default
+    wrapped: bool = False  # written as ISTREAM(SELECT ...)
+
+
+def walk(e: Expr):
+    """Pre-order traversal of an expression tree."""
+    yield e
+    if isinstance(e, Unary):
+        yield from walk(e.operand)
+    elif isinstance(e, Binary):
+        yield from walk(e.left)
+        yield from walk(e.right)
+    elif isinstance(e, InList):
+        yield from walk(e.operand)
+        for it in e.items:
+            yield from walk(it)
+    elif isinstance(e, (DominatedBy, IsNull)):
+        yield from walk(e.operand)
+    elif isinstance(e, Aggregate) and e.arg is not None:
+        yield from walk(e.arg)
+
+
+def aggregates_in(e: Expr | None) -> list[Aggregate]:
+    return [] if e is None else [x for x in walk(e) if isinstance(x, Aggregate)]
+
+
+def columns_in(e: Expr | None) -> list[Column]:
+    return [] if e is None else [x for x in walk(e) if isinstance(x, Column)]

@@ -1,0 +1,308 @@
+"""Parse MLS-CQL text into the AST (grammar in ``grammar.lark``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from . import ast as A
+
+__all__ = ["parse", "QueryError", "ParseError"]
+
+
+class QueryError(ValueError):
+    """A query was rejected; ``stage`` is parse, semantic, authorization or optimization."""
+
+    stage = "query"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.stage} error: {self.message}"
+
+
+class ParseError(QueryError):
+    stage = "parse"
+
+
+_UNITS = {
+    "ms": "milliseconds", "millisecond": "milliseconds", "milliseconds": "milliseconds",
+    "sec": "seconds", "secs": "seconds", "second": "seconds", "seconds": "seconds",
+    "min": "minutes", "mins": "minutes", "minute": "minutes", "minutes": "minutes",
+    "hour": "hours", "hours": "hours", "day": "days", "days": "days",
+}
+_COMP = {"==": "=", "<>": "!="}
+
+
+def _unquote(tok: str) -> str:
+    q = tok[0]
+    return tok[1:-1].replace(q + q, q)
+
+
+@v_args(inline=True)
+class _ToAst(Transformer):
+    # ---- query ----
+    def start(self, q):
+        return q
+
+    def wrapped(self, r2s, q: A.Query):
+        if q.r2s is not None:
+            raise ParseError(f"{r2s.upper()}(...) wraps a query that already says {q.r2s}")
+        return A.Query(q.select, q.from_, q.where, q.group_by, q.having, r2s=str(r2s).upper(), wrapped=True)
+
+    def select_stmt(self, r2s, select, from_, *rest):
+        where = group = having = None
+        for part in rest:
+            if part is None:
+                continue
+            kind, val = part
+            if kind == "where":
+                where = val
+            elif kind == "group":
+                group = val
+            else:
+                having = val
+        return A.Query(select, from_, where, group or (), having, str(r2s).upper() if r2s else None)
+
+    def select_star(self):
+        return None
+
+    def select_items(self, *items):
+        return tuple(items)
+
+    def select_item(self, expr, alias):
+        return A.SelectItem(expr, str(alias) if alias else None)
+
+    def from_list(self, *items):
+        return tuple(items)
+
+    def from_item(self, name, window, alias):
+        return A.FromItem(str(name), window, str(alias) if alias else None)
+
+    def from_item_alias_first(self, name, alias, window):
+        return A.FromItem(str(name), window, str(alias))
+
+    def where_clause(self, e):
+        return ("where", e)
+
+    def group_clause(self, *es):
+        return ("group", tuple(es))
+
+    def having_clause(self, e):
+        return ("having", e)
+
+    # ---- windows ----
+    def window(self, spec: A.Window, clause=None):
+        if clause is not None:
+            if spec.clause is not None:
+                raise ParseError("a window has two level clauses")
+            spec = A.Window(spec.kind, spec.rows, spec.range_amount, spec.range_unit, spec.partition_by, clause)
+        return spec
+
+    def w_rows(self, n):
+        return A.Window("rows", rows=_positive(n, "ROWS"))
+
+    def w_unbounded(self):
+        return A.Window("unbounded")
+
+    def w_range(self, amount, unit=None):
+        amt = float(amount)
+        if amt <= 0:
+            raise ParseError(f"RANGE needs a positive length, got {amount}")
+        return A.Window("range", range_amount=amt, range_unit=_UNITS[str(unit).lower()] if unit else "seconds")
+
+    def w_now(self):
+        return A.Window("now")
+
+    def w_partition(self, _kw, names, n):
+        return A.Window("partition", rows=_positive(n, "ROWS"), partition_by=names)
+
+    def w_partition_level(self, _kw, names, cond, n):
+        # `[Partition By level in {C} Rows 100]`: partition by level, level clause `in {C}`
+        if names[-1].lower() != "level":
+            raise ParseError(
+                f"a level condition after PARTITION BY must follow the attribute 'level', not {names[-1]!r}"
+            )
+        return A.Window("partition", rows=_positive(n, "ROWS"), partition_by=names, clause=cond)
+
+    def name_list(self, *names):
+        return tuple(str(n) for n in names)
+
+    def level_clause(self, word, cond):
+        if str(word).lower() != "level":
+            raise ParseError(f"a window clause filters on 'level' only, not {str(word)!r}")
+        return cond
+
+    def lc_in(self, *lits):
+        return A.LevelClause("in", tuple(lits))
+
+    def lc_eq(self, lit):
+        return A.LevelClause("eq", (lit,))
+
+    def lc_dominated(self, lit):
+        return A.LevelClause("dominated", (lit,))
+
+    def level_lit(self, tok):
+        if isinstance(tok, str) and not isinstance(tok, Token):
+            return tok  # already a vector
+        if tok.type == "STRING":
+            return _unquote(tok)
+        return str(tok)
+
+    def level_vector(self, *comps):
+        return "[" + ",".join(comps) + "]"
+
+    def vcomp(self, tok):
+        return str(tok)
+
+    # ---- expressions ----
+    def or_(self, a, b):
+        return A.Binary("OR", a, b)
+
+    def and_(self, a, b):
+        return A.Binary("AND", a, b)
+
+    def not_(self, a):
+        return A.Unary("NOT", a)
+
+    def compare(self, a, op, b):
+        return A.Binary(_COMP.get(str(op), str(op)), a, b)
+
+    def arith(self, a, op, b):
+        return A.Binary(str(op), a, b)
+
+    def neg(self, a):
+        if isinstance(a, A.Literal) and a.type in ("long", "double"):
+            return A.Literal(-a.value, a.type)
+        return A.Unary("-", a)
+
+    def in_set(self, a, *items):
+        return A.InList(a, tuple(items), False, True)
+
+    def not_in_set(self, a, _kw, *items):
+        return A.InList(a, tuple(items), True, True)
+
+    def in_list(self, a, *items):
+        return A.InList(a, tuple(items), False, False)
+
+    def not_in_list(self, a, _kw, *items):
+        return A.InList(a, tuple(items), True, False)
+
+    def set_item(self, tok):
+        if not isinstance(tok, Token):
+            return A.LevelLiteral(tok)  # a vector
+        if tok.type == "NAME":
+            return A.Column(None, str(tok))  # a level name; analysis decides
+        if tok.type == "STRING":
+            return A.Literal(_unquote(tok), "string")
+        if tok.type == "INT":
+            return A.Literal(int(tok), "long")
+        return A.Literal(float(tok), "double")
+
+    def dominated_by(self, a, lit):
+        return A.DominatedBy(a, A.LevelLiteral(lit))
+
+    def is_null(self, a):
+        return A.IsNull(a, False)
+
+    def is_not_null(self, a):
+        return A.IsNull(a, True)
+
+    def int_lit(self, t):
+        return A.Literal(int(t), "long")
+
+    def dec_lit(self, t):
+        return A.Literal(float(t), "double")
+
+    def str_lit(self, t):
+        return A.Literal(_unquote(t), "string")
+
+    def true_lit(self, _t):
+        return A.Literal(True, "boolean")
+
+    def false_lit(self, _t):
+        return A.Literal(False, "boolean")
+
+    def null_lit(self, _t):
+        return A.Literal(None, "null")
+
+    def column(self, name):
+        return A.Column(None, str(name))
+
+    def qcolumn(self, q, name):
+        return A.Column(str(q), str(name))
+
+    def count_star(self, agg):
+        if str(agg).upper() != "COUNT":
+            raise ParseError(f"{str(agg).upper()}(*) is not an aggregate; only COUNT(*) takes *")
+        return A.Aggregate("COUNT", None)
+
+    def aggregate(self, agg, e):
+        return A.Aggregate(str(agg).upper(), e)
+
+    def vector_lit(self, v):
+        return A.LevelLiteral(v)
+
+
+def _positive(tok, what: str) -> int:
+    n = int(tok)
+    if n <= 0:
+        raise ParseError(f"{what} needs a positive count, got {n}")
+    return n
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    grammar = resources.files(__package__).joinpath("grammar.lark").read_text(encoding="utf-8")
+    return Lark(grammar, parser="lalr", maybe_placeholders=True, propagate_positions=False)
+
+
+_TERMINAL_NAMES = {
+    "NAME": "a name", "INT": "an integer", "DECIMAL": "a number", "STRING": "a string",
+    "COMMA": "','", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
+    "RBRACE": "'}'", "SEMICOLON": "';'", "DOT": "'.'", "STAR": "'*'", "EQUAL": "'='",
+    "$END": "end of query", "COMP_OP": "a comparison", "ADD_OP": "'+' or '-'", "MUL_OP": "'*' or '/'",
+}
+
+
+def _describe_expected(expected) -> str:
+    names = []
+    for t in sorted(expected):
+        if t.startswith("__ANON"):
+            continue
+        names.append(_TERMINAL_NAMES.get(t, t))
+    # keywords (FROM, WHERE, ...) first: they are what a user most likely mistyped
+    names = sorted(set(names), key=lambda n: (not n.isalpha(), n))
+    if len(names) > 8:
+        names = names[:8] + ["…"]
+    return ", ".join(names)
+
+
+def parse(text: str) -> A.Query:
+    """Parse one MLS-CQL query; raises ParseError with line/column on bad input."""
+    if not isinstance(text, str) or not text.strip():
+        raise ParseError("empty query")
+    try:
+        tree = _parser().parse(text)
+        return _ToAst().transform(tree)
+    except VisitError as e:
+        if isinstance(e.orig_exc, QueryError):
+            raise e.orig_exc from None
+        raise
+    except UnexpectedEOF as e:
+        raise ParseError(f"unexpected end of query; expected {_describe_expected(e.expected)}") from None
+    except UnexpectedToken as e:
+        got = "end of query" if e.token.type == "$END" else repr(str(e.token))
+        raise ParseError(
+            f"line {e.line}, column {e.column}: unexpected {got}; expected {_describe_expected(e.expected)}"
+        ) from None
+    except UnexpectedCharacters as e:
+        ch = text[e.pos_in_stream] if e.pos_in_stream is not None and e.pos_in_stream < len(text) else "?"
+        raise ParseError(f"line {e.line}, column {e.column}: unexpected character {ch!r}") from None
+    except UnexpectedInput as e:  # pragma: no cover - other lark input errors
+        raise ParseError(str(e).splitlines()[0]) from None

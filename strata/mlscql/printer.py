@@ -1,0 +1,128 @@
+"""Print an AST back to MLS-CQL text that re-parses to the same query."""
+
+from __future__ import annotations
+
+from . import ast as A
+
+__all__ = ["to_text", "expr_text"]
+
+_PREC = {"OR": 1, "AND": 2, "NOT": 3, "=": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
+         "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+_ATOM = 9
+
+
+def _prec(e: A.Expr) -> int:
+    if isinstance(e, A.Binary):
+        return _PREC[e.op]
+    if isinstance(e, A.Unary):
+        return 3 if e.op == "NOT" else 7
+    if isinstance(e, (A.InList, A.DominatedBy, A.IsNull)):
+        return 4
+    if isinstance(e, A.Literal) and isinstance(e.value, (int, float)) and not isinstance(e.value, bool) and e.value < 0:
+        return 7
+    return _ATOM
+
+
+def _wrap(e: A.Expr, min_prec: int, strict: bool = False) -> str:
+    s = expr_text(e)
+    p = _prec(e)
+    return f"({s})" if p < min_prec or (strict and p == min_prec) else s
+
+
+def _number(v) -> str:
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, int):
+        return str(v)
+    r = repr(float(v))
+    return r if any(c in r for c in ".e") else r + ".0"
+
+
+def _literal(e: A.Literal) -> str:
+    if e.type == "null":
+        return "NULL"
+    if e.type == "boolean":
+        return "TRUE" if e.value else "FALSE"
+    if e.type == "string":
+        return "'" + str(e.value).replace("'", "''") + "'"
+    return _number(e.value)
+
+
+def expr_text(e: A.Expr) -> str:
+    if isinstance(e, A.Column):
+        return f"{e.qualifier}.{e.name}" if e.qualifier else e.name
+    if isinstance(e, A.Literal):
+        return _literal(e)
+    if isinstance(e, A.LevelLiteral):
+        return e.text
+    if isinstance(e, A.Aggregate):
+        return f"{e.func}({'*' if e.arg is None else expr_text(e.arg)})"
+    if isinstance(e, A.Unary):
+        if e.op == "NOT":
+            return "NOT " + _wrap(e.operand, 3)
+        return "-" + _wrap(e.operand, 8)
+    if isinstance(e, A.Binary):
+        p = _PREC[e.op]
+        if p == 4:  # comparisons do not associate
+            return f"{_wrap(e.left, 5)} {e.op} {_wrap(e.right, 5)}"
+        return f"{_wrap(e.left, p)} {e.op} {_wrap(e.right, p, strict=True)}"
+    if isinstance(e, A.InList):
+        items = ", ".join(expr_text(i) for i in e.items)
+        body = "{" + items + "}" if e.braces else "(" + items + ")"
+        return f"{_wrap(e.operand, 5)} {'NOT IN' if e.negated else 'IN'} {body}"
+    if isinstance(e, A.DominatedBy):
+        return f"{_wrap(e.operand, 5)} DOMINATED BY {e.level.text}"
+    if isinstance(e, A.IsNull):
+        return f"{_wrap(e.operand, 5)} IS {'NOT ' if e.negated else ''}NULL"
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def _amount(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def window_text(w: A.Window) -> str:
+    if w.kind == "rows":
+        spec = f"ROWS {w.rows}"
+    elif w.kind == "range":
+        spec = f"RANGE {_amount(w.range_amount)} {w.range_unit}"
+    elif w.kind == "unbounded":
+        spec = "RANGE UNBOUNDED"
+    elif w.kind == "now":
+        spec = "NOW"
+    else:
+        spec = f"PARTITION BY {', '.join(w.partition_by)} ROWS {w.rows}"
+    if w.clause is not None:
+        c = w.clause
+        if c.form == "in":
+            spec += " level in {" + ", ".join(c.levels) + "}"
+        elif c.form == "eq":
+            spec += f" level = {c.levels[0]}"
+        else:
+            spec += f" level DOMINATED BY {c.levels[0]}"
+    return f"[{spec}]"
+
+
+def to_text(q: A.Query) -> str:
+    sel = "*" if q.select is None else ", ".join(
+        expr_text(i.expr) + (f" AS {i.alias}" if i.alias else "") for i in q.select
+    )
+    items = []
+    for f in q.from_:
+        s = f.stream
+        if f.window is not None:
+            s += " " + window_text(f.window)
+        if f.alias:
+            s += f" {f.alias}"
+        items.append(s)
+    head = "SELECT " + (f"{q.r2s} " if q.r2s and not q.wrapped else "")
+    text = head + sel + " FROM " + ", ".join(items)
+    if q.where is not None:
+        text += " WHERE " + expr_text(q.where)
+    if q.group_by:
+        text += " GROUP BY " + ", ".join(expr_text(g) for g in q.group_by)
+    if q.having is not None:
+        text += " HAVING " + expr_text(q.having)
+    if q.wrapped:
+        text = f"{q.r2s}({text})"
+    return text

@@ -1,0 +1,65 @@
+"""Configuration loading: lattices, streams, and errors that name the line and key."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.config import ConfigError, load_config, parse_config
+from strata.lattice import ChineseWall, TotalOrder
+
+
+def test_total_order_and_streams(battlefield):
+    assert isinstance(battlefield.lattice, TotalOrder)
+    assert battlefield.lattice.levels == ("U", "C", "S", "TS")
+    v = battlefield.streams["Vitals"]
+    assert v.columns == (("sid", "string"), ("bp", "double"), ("pr", "double"), ("weight", "double"))
+    assert v.type_of("level") == "level" and v.type_of("ts") == "long"
+    assert battlefield.stream("vitals") is v
+    assert battlefield.instant_seconds == 1.0
+
+
+def test_chinese_wall(chinese_wall):
+    assert isinstance(chinese_wall.lattice, ChineseWall)
+    assert chinese_wall.lattice.coi == (("1", "2"), ("A", "B", "C"))
+
+
+def test_all_types_and_instant_length():
+    cfg = parse_config(
+        '[lattice]\nlevels = ["L", "H"]\n[time]\ninstant_seconds = 0.5\n'
+        '[streams.S]\na = "string"\nb = "double"\nc = "long"\nd = "boolean"\ne = "timestamp"\n'
+    )
+    assert [t for _, t in cfg.streams["S"].columns] == ["string", "double", "long", "boolean", "timestamp"]
+    assert cfg.instant_seconds == 0.5
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[lattice]\nlevels = [\"U\", \"U\"]\n", ":2: [lattice] levels: duplicate level 'U'"),
+        ("[lattice]\nlevels = [\"U\"]\ncoi = [[\"a\"]]\n", "exactly one of"),
+        ("[lattice]\ncoi = [[\"1\", \"T\"]]\n", ":2: [lattice] coi"),
+        ("[lattice]\nlevelz = [\"U\"]\n", ":2: [lattice] levelz: unknown key"),
+        ("[streams.V]\nbp = \"double\"\n", "missing [lattice]"),
+        ("[lattice]\nlevels = [\"U\"]\n\n[streams.V]\nsid = \"string\"\nbp = \"float\"\n", ":6: [streams.V] bp: unknown type 'float'"),
+        ("[lattice]\nlevels = [\"U\"]\n[streams.V]\nlevel = \"string\"\n", "system attribute"),
+        ("[lattice]\nlevels = [\"U\"]\n[streams.V]\n", "declare at least one attribute"),
+        ("[lattice]\nlevels = [\"U\"]\n[time]\ninstant_seconds = 0\n", ":4: [time] instant_seconds"),
+        ("[lattice]\nlevels = [\"U\"]\n[bogus]\nx = 1\n", ":3: unknown section [bogus]"),
+        ("[lattice\nlevels = 1\n", "invalid TOML"),
+    ],
+)
+def test_invalid_configs_name_line_and_key(text, fragment):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text)
+    assert fragment in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_users_path_next_to_config(tmp_path):
+    p = tmp_path / "deploy.toml"
+    p.write_text('[lattice]\nlevels = ["U"]\n')
+    assert load_config(p).users_path == tmp_path / "deploy.users.json"

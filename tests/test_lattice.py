@@ -1,0 +1,143 @@
+"""Lattice laws (property tests) and the papers' facts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strata.lattice import ChineseWall, LevelError, TotalOrder
+
+
+# ---- strategies ------------------------------------------------------------------
+@st.composite
+def total_orders(draw):
+    n = draw(st.integers(1, 8))
+    names = draw(st.lists(st.from_regex(r"[A-Z][A-Za-z0-9]{0,3}", fullmatch=True), min_size=n, max_size=n, unique=True))
+    return TotalOrder(names)
+
+
+@st.composite
+def chinese_walls(draw):
+    k = draw(st.integers(1, 3))
+    classes = []
+    for i in range(k):
+        m = draw(st.integers(1, 3))
+        classes.append([f"c{i}{j}" for j in range(m)])
+    return ChineseWall(classes)
+
+
+lattices = st.one_of(total_orders(), chinese_walls())
+
+
+@st.composite
+def lattice_and_levels(draw, n=3):
+    lat = draw(lattices)
+    levels = [draw(st.sampled_from(lat.levels)) for _ in range(n)]
+    return lat, levels
+
+
+# ---- laws -------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(lattice_and_levels())
+def test_partial_order_laws(data):
+    lat, (a, b, c) = data
+    assert lat.leq(a, a)  # reflexive
+    if lat.leq(a, b) and lat.leq(b, a):
+        assert a == b  # antisymmetric
+    if lat.leq(a, b) and lat.leq(b, c):
+        assert lat.leq(a, c)  # transitive
+    assert lat.leq(lat.bottom, a) and lat.leq(a, lat.top)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lattice_and_levels())
+def test_lub_is_least_upper_bound(data):
+    lat, (a, b, _) = data
+    j = lat.lub(a, b)
+    assert lat.leq(a, j) and lat.leq(b, j)
+    for u in lat.levels:  # least: below every upper bound
+        if lat.leq(a, u) and lat.leq(b, u):
+            assert lat.leq(j, u)
+    assert lat.lub(a, b) == lat.lub(b, a)
+    assert lat.lub(a, lat.bottom) == a
+    assert lat.lub_all([]) == lat.bottom
+
+
+@settings(max_examples=200, deadline=None)
+@given(lattice_and_levels(n=4))
+def test_mask_or_decodes_to_lub(data):
+    lat, levels = data
+    for r in range(len(levels) + 1):
+        for combo in itertools.combinations(levels, r):
+            mask = 0
+            for lv in combo:
+                mask |= lat.encode(lv)
+            assert lat.decode(mask) == lat.lub_all(combo)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lattices)
+def test_dominated_and_linear_extension(lat):
+    order = {lv: i for i, lv in enumerate(lat.levels)}
+    assert len(order) == len(lat.levels)
+    for a in lat.levels:
+        dom = lat.dominated(a)
+        assert a in dom  # ≤, not <: a user reads its own level (SEMANTICS §2)
+        for b in dom:
+            assert order[b] <= order[a]
+        assert lat.parse(a) == a  # printing/parsing round trip
+
+
+# ---- the papers' facts -------------------------------------------------------------
+def test_total_order_battlefield():
+    lat = TotalOrder(["U", "C", "S", "TS"])
+    assert lat.leq("U", "TS") and not lat.leq("TS", "S")
+    assert lat.lub("C", "S") == "S"
+    assert lat.dominated("S") == {"U", "C", "S"}
+    assert lat.bottom == "U" and lat.top == "TS"
+    with pytest.raises(LevelError):
+        lat.parse("X")
+
+
+def test_chinese_wall_paper_section3():
+    lat = ChineseWall([["1", "2", "3", "4", "5"], ["1", "2", "3"], ["1", "2"]])
+    a, b, c = lat.parse("[5,⊥,⊥]"), lat.parse("[5,0,2]"), lat.parse("[5, ⊥, T]")
+    assert lat.leq(a, b) and lat.leq(b, c) and lat.leq(a, c)
+    d = lat.parse("[⊥,⊥,2]")
+    assert not lat.leq(a, d) and not lat.leq(d, a)  # incomparable
+    assert lat.bottom == "[⊥,⊥,⊥]" and lat.top == "[T,T,T]"
+
+
+def test_chinese_wall_audit_lattice():
+    lat = ChineseWall([["1", "2"], ["A", "B", "C"]])
+    assert lat.lub_all(["[⊥,A]", "[⊥,B]", "[⊥,C]"]) == "[⊥,T]"
+    assert lat.lub("[1,⊥]", "[⊥,B]") == "[1,B]"
+    assert lat.lub("[1,⊥]", "[2,⊥]") == "[T,⊥]"
+    assert lat.parse("[0,B]") == "[⊥,B]"
+    assert len(lat.levels) == 4 * 5
+    assert lat.dominated("[1,B]") == {"[⊥,⊥]", "[1,⊥]", "[⊥,B]", "[1,B]"}
+    for bad in ("[3,A]", "[1]", "1,A", "[1,B,C]"):
+        with pytest.raises(LevelError):
+            lat.parse(bad)
+
+
+def test_single_company_coi_keeps_T_distinct():
+    lat = ChineseWall([["X"], ["A", "B"]])
+    assert lat.decode(lat.encode("[X,⊥]")) == "[X,⊥]"
+    assert lat.decode(lat.encode("[T,⊥]")) == "[T,⊥]"
+    assert lat.lub("[X,⊥]", "[T,⊥]") == "[T,⊥]"
+
+
+@pytest.mark.parametrize("bad", [[], ["A", "A"], ["a b"]])
+def test_total_order_rejects_bad_levels(bad):
+    with pytest.raises(ValueError):
+        TotalOrder(bad)
+
+
+@pytest.mark.parametrize("bad", [[], [[]], [["A", "A"]], [["T"]], [["0"]]])
+def test_chinese_wall_rejects_bad_classes(bad):
+    with pytest.raises(ValueError):
+        ChineseWall(bad)
