@@ -1,0 +1,187 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoginRequest(_message.Message):
+    __slots__ = ("user", "password", "level")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    password: str
+    level: str
+    def __init__(self, user: _Optional[str] = ..., password: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
+
+class LoginReply(_message.Message):
+    __slots__ = ("token", "level", "master_level")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MASTER_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    level: str
+    master_level: str
+    def __init__(self, token: _Optional[str] = ..., level: _Optional[str] = ..., master_level: _Optional[str] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queries: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisteredQuery(_message.Message):
+    __slots__ = ("query_id", "rewritten", "r2s", "columns")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    REWRITTEN_FIELD_NUMBER: _ClassVar[int]
+    R2S_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    rewritten: str
+    r2s: str
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query_id: _Optional[str] = ..., rewritten: _Optional[str] = ..., r2s: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[RegisteredQuery]
+    def __init__(self, queries: _Optional[_Iterable[_Union[RegisteredQuery, _Mapping]]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("query_ids", "resume_after_ts")
+    QUERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_TS_FIELD_NUMBER: _ClassVar[int]
+    query_ids: _containers.RepeatedScalarFieldContainer[str]
+    resume_after_ts: int
+    def __init__(self, query_ids: _Optional[_Iterable[str]] = ..., resume_after_ts: _Optional[int] = ...) -> None: ...
+
+class ResultBatch(_message.Message):
+    __slots__ = ("query_id", "first_ts", "last_ts", "arrow", "end")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TS_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    first_ts: int
+    last_ts: int
+    arrow: bytes
+    end: bool
+    def __init__(self, query_id: _Optional[str] = ..., first_ts: _Optional[int] = ..., last_ts: _Optional[int] = ..., arrow: _Optional[bytes] = ..., end: _Optional[bool] = ...) -> None: ...
+
+class IngestBatch(_message.Message):
+    __slots__ = ("stream", "arrow", "labelled")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FIELD_NUMBER: _ClassVar[int]
+    LABELLED_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    arrow: bytes
+    labelled: bool
+    def __init__(self, stream: _Optional[str] = ..., arrow: _Optional[bytes] = ..., labelled: _Optional[bool] = ...) -> None: ...
+
+class IngestReply(_message.Message):
+    __slots__ = ("accepted", "dropped_by_shepherd", "rejected", "error")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BY_SHEPHERD_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    dropped_by_shepherd: int
+    rejected: int
+    error: str
+    def __init__(self, accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., rejected: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AdvanceRequest(_message.Message):
+    __slots__ = ("upto_ts", "finish")
+    UPTO_TS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    upto_ts: int
+    finish: bool
+    def __init__(self, upto_ts: _Optional[int] = ..., finish: _Optional[bool] = ...) -> None: ...
+
+class AdvanceReply(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: int
+    def __init__(self, chunks: _Optional[int] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("sid", "cpu", "pid", "state", "chunks_done", "in_flight")
+    SID_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    sid: str
+    cpu: float
+    pid: int
+    state: str
+    chunks_done: int
+    in_flight: int
+    def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters")
+    class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    level: str
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    backlog_chunks: int
+    lag_seconds: float
+    rejected: _containers.ScalarMap[str, int]
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class QuerySpec(_message.Message):
+    __slots__ = ("query_id", "text", "level")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    text: str
+    level: str
+    def __init__(self, query_id: _Optional[str] = ..., text: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("level", "queries", "chunk")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    level: str
+    queries: _containers.RepeatedCompositeFieldContainer[QuerySpec]
+    chunk: bytes
+    def __init__(self, level: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[QuerySpec, _Mapping]]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class ExecuteReply(_message.Message):
+    __slots__ = ("results", "seconds")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedScalarFieldContainer[bytes]
+    seconds: float
+    def __init__(self, results: _Optional[_Iterable[bytes]] = ..., seconds: _Optional[float] = ...) -> None: ...

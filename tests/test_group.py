@@ -1,0 +1,91 @@
+"""Level groups over real UDP multicast on loopback: isolation and authentication."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from strata.worker.group import GroupMember, GroupSpec, GroupTable, Heartbeat, encode_heartbeat
+
+
+def free_udp_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def poll(predicate, timeout=5.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture
+def groups():
+    port = free_udp_port()  # both levels on one port: only address, key and level keep them apart
+    specs = {
+        "S": GroupSpec("S", "239.255.77.1", port, os.urandom(32), interval=0.1),
+        "TS": GroupSpec("TS", "239.255.77.2", port, os.urandom(32), interval=0.1),
+    }
+    members = []
+    for level, spec in specs.items():
+        for i in range(2):
+            members.append(GroupMember(spec, sid=f"{level}-w{i}", load=lambda: 12.5).start())
+    yield specs, members
+    for m in members:
+        m.stop()
+
+
+def test_group_tables_hold_only_their_level(groups):
+    specs, members = groups
+    s_members = [m for m in members if m.spec.level == "S"]
+    ts_members = [m for m in members if m.spec.level == "TS"]
+    assert poll(lambda: all(set(m.snapshot()) == {"S-w0", "S-w1"} for m in s_members))
+    assert poll(lambda: all(set(m.snapshot()) == {"TS-w0", "TS-w1"} for m in ts_members))
+    hb = s_members[0].snapshot()["S-w1"]
+    assert hb.cpu == 12.5 and hb.level == "S" and hb.pid == os.getpid()
+
+
+def _send(spec: GroupSpec, data: bytes) -> None:
+    t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    t.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton("127.0.0.1"))
+    t.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
+    t.sendto(data, (spec.address, spec.port))
+    t.close()
+
+
+def test_forged_wrong_key_and_garbage_are_ignored(groups):
+    specs, members = groups
+    s = specs["S"]
+    target = next(m for m in members if m.spec.level == "S")
+    assert poll(lambda: len(target.snapshot()) == 2)
+    forged = Heartbeat("S", "evil:1", 0.0, seq=1, sent_at=time.time(), pid=1)
+    _send(s, encode_heartbeat(forged, os.urandom(32)))  # forger without the key
+    _send(s, encode_heartbeat(Heartbeat("TS", "TS-x", 0.0, seq=1, sent_at=time.time()), specs["TS"].key))
+    _send(s, encode_heartbeat(Heartbeat("TS", "spoof", 0.0, seq=1, sent_at=time.time()), s.key))  # wrong level
+    _send(s, b"\x00garbage" * 10)
+    assert poll(lambda: sum(target.rejected.values()) >= 4)
+    assert set(target.snapshot()) == {"S-w0", "S-w1"}
+    assert target.rejected["bad_hmac"] >= 2 and target.rejected["other_level"] >= 1
+    assert target.rejected["garbage"] >= 1
+
+
+def test_table_replay_and_expiry_logic():
+    key = b"k" * 32
+    t = GroupTable("S", key, timeout=3.0)
+    hb = Heartbeat("S", "a:1", 50.0, pid=9, seq=5, sent_at=time.time())
+    assert t.receive(encode_heartbeat(hb, key), now=0.0) is not None
+    assert t.receive(encode_heartbeat(hb, key), now=1.0) is None  # replayed
+    assert t.rejected["replay"] == 1
+    old = Heartbeat("S", "b:1", 5.0, pid=9, seq=1, sent_at=time.time() - 3600)
+    assert t.receive(encode_heartbeat(old, key), now=1.0) is None
+    assert t.rejected["stale"] == 1
+    assert t.expire(now=3.5) == ["a:1"]
