@@ -1,1 +1,25 @@
-"""Strata chunking package."""
+"""Strata chunking: the master's input chunks (dissertation §7.2) and their wire format."""
+
+from .chunker import ARROW_TYPES, UNIT_SECONDS, Chunker, ChunkingError, range_instants, stream_schema
+from .codec import CodecError, decode_chunk, decode_result, encode_chunk, encode_result
+from .model import SYSTEM_FIELDS, Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
+
+__all__ = [
+    "ARROW_TYPES",
+    "Chunk",
+    "ChunkResult",
+    "Chunker",
+    "ChunkingError",
+    "CodecError",
+    "LegacyMode",
+    "QueryChunk",
+    "SYSTEM_FIELDS",
+    "UNIT_SECONDS",
+    "decode_chunk",
+    "decode_result",
+    "encode_chunk",
+    "encode_result",
+    "legacy_mode",
+    "range_instants",
+    "stream_schema",
+]

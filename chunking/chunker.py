@@ -1,0 +1,615 @@
+"""The master's chunker: cuts the input streams into :class:`Chunk` s.
+
+A :class:`Chunker` receives tuples per stream (:meth:`Chunker.push`), and when
+told that instants are complete (:meth:`Chunker.close`) cuts chunks of
+``chunk_instants`` instants (chunk ``c`` covers ``[c*K, c*K+K-1]``).  For every
+registered query with at least one visible instant in the chunk it builds a
+:class:`QueryChunk` whose items carry the *legacy* (dissertation Def. 13,
+SEMANTICS §6) followed by the new visible tuples, so that a stateless worker can
+evaluate exactly the chunk's instants.
+
+Bookkeeping is per query and FROM item: each item keeps
+
+* ``hist``: the visible tuples with ``ts`` before the closed boundary that a
+  future chunk can still need (trimmed after every cut), and
+* ``pending``: the visible tuples of chunks not cut yet, in arrival order.
+
+Since ``ts`` never decreases within a stream, both are sorted by ``ts`` and all
+selections are ``searchsorted`` slices (plus a pandas groupby-tail for
+PARTITION BY windows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from strata.lattice import LevelError
+
+from .model import Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
+
+__all__ = ["Chunker", "ChunkingError", "ARROW_TYPES", "UNIT_SECONDS", "stream_schema", "range_instants"]
+
+#: Arrow type of each declared attribute type
+ARROW_TYPES = {
+    "string": pa.string(),
+    "double": pa.float64(),
+    "long": pa.int64(),
+    "timestamp": pa.int64(),
+    "boolean": pa.bool_(),
+}
+
+#: seconds per RANGE unit (canonical unit names of the parser)
+UNIT_SECONDS = {
+    "milliseconds": 0.001,
+    "seconds": 1.0,
+    "minutes": 60.0,
+    "hours": 3600.0,
+    "days": 86400.0,
+}
+
+#: combine the Arrow chunks of a retained table once it is this fragmented
+_MAX_FRAGMENTS = 16
+
+
+class ChunkingError(ValueError):
+    """A batch the chunker refuses (nothing of it is accepted), or a protocol error."""
+
+    def __init__(self, message: str, reason: str = "invalid"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def stream_schema(schema) -> pa.Schema:
+    """Arrow schema of item tables of a stream: ``_seq, ts, level``, attributes in declaration order."""
+    fields = [pa.field("_seq", pa.int64()), pa.field("ts", pa.int64()), pa.field("level", pa.string())]
+    fields += [pa.field(name, ARROW_TYPES[typ]) for name, typ in schema.columns]
+    return pa.schema(fields)
+
+
+def range_instants(window, instant_seconds: float) -> int:
+    """Length of a RANGE window in instants: ``ceil(amount * unit / instant_seconds)``."""
+    unit = UNIT_SECONDS.get((window.range_unit or "seconds").lower())
+    if unit is None:
+        raise ChunkingError(f"unknown RANGE unit {window.range_unit!r}")
+    x = float(window.range_amount) * unit / float(instant_seconds)
+    # tolerate float noise (0.1 minutes = 6.000000000000001 s must stay 6)
+    return max(0, math.ceil(x - 1e-9 * max(1.0, abs(x))))
+
+
+# ---------------------------------------------------------------------------
+# per query / item bookkeeping
+
+
+@dataclass
+class _Item:
+    stream: str
+    kind: str
+    rows: int | None
+    range_t: int | None
+    partition_by: tuple[str, ...]
+    unbounded_mode: LegacyMode | None  # for kind == "unbounded"
+    level_set: pa.Array
+    schema: pa.Schema
+    hist: pa.Table = None  # type: ignore[assignment]
+    pending: list = field(default_factory=list)  # list[pa.Table]
+    _pend: pa.Table | None = None  # cached concatenation of ``pending``
+    _pend_ts: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.hist is None:
+            self.hist = self.schema.empty_table()
+
+    # pending rows as one table plus its ts as numpy (cached until the next append)
+    def pend(self) -> tuple[pa.Table, np.ndarray]:
+        if self._pend is None:
+            if not self.pending:
+                t = self.schema.empty_table()
+            elif len(self.pending) == 1:
+                t = self.pending[0]
+            else:
+                t = pa.concat_tables(self.pending).combine_chunks()
+            self.pending = [t] if t.num_rows else []
+            self._pend = t
+            self._pend_ts = _ts(t)
+        return self._pend, self._pend_ts  # type: ignore[return-value]
+
+    def append(self, t: pa.Table) -> None:
+        if t.num_rows:
+            self.pending.append(t)
+            self._pend = None
+            self._pend_ts = None
+
+    def take_pending(self, upto_ts: int) -> pa.Table:
+        """Remove and return the pending rows with ``ts <= upto_ts``."""
+        t, ts = self.pend()
+        k = int(np.searchsorted(ts, upto_ts, side="right"))
+        if k == 0:
+            return t.slice(0, 0)
+        head, rest = t.slice(0, k), t.slice(k)
+        self.pending = [rest] if rest.num_rows else []
+        self._pend = rest
+        self._pend_ts = ts[k:]
+        return head
+
+    def pending_ts(self) -> np.ndarray:
+        return self.pend()[1]
+
+    @property
+    def retained_rows(self) -> int:
+        return self.hist.num_rows + sum(t.num_rows for t in self.pending)
+
+
+@dataclass
+class _Query:
+    query_id: str
+    cq: object
+    mode: LegacyMode
+    r2s: str
+    items: list[_Item]
+    last_instant: int | None = None  # the query's last instant emitted in a chunk
+    state: pa.Table | None = None  # STATE mode: newest confirmed snapshot
+    state_upto: int | None = None
+
+
+def _ts(t: pa.Table) -> np.ndarray:
+    if t.num_rows == 0:
+        return np.empty(0, dtype=np.int64)
+    return t.column("ts").to_numpy()
+
+
+def _concat(a: pa.Table, b: pa.Table) -> pa.Table:
+    if a.num_rows == 0:
+        return b
+    if b.num_rows == 0:
+        return a
+    return pa.concat_tables([a, b])
+
+
+def _compact(t: pa.Table) -> pa.Table:
+    if t.num_rows == 0:
+        return t.schema.empty_table()
+    return t.combine_chunks() if t.column(0).num_chunks > _MAX_FRAGMENTS else t
+
+
+def _slice_ts(t: pa.Table, lo: int | None = None, hi: int | None = None) -> pa.Table:
+    """Rows with ``lo <= ts < hi`` of a ts-sorted table (bounds optional)."""
+    ts = _ts(t)
+    a = 0 if lo is None else int(np.searchsorted(ts, lo, side="left"))
+    b = len(ts) if hi is None else int(np.searchsorted(ts, hi, side="left"))
+    if b <= a:
+        return t.slice(0, 0)
+    return t.slice(a, b - a)
+
+
+def _group_ids(t: pa.Table, cols: tuple[str, ...]) -> np.ndarray:
+    """Dense group id per row for the values of ``cols`` (nulls form their own group)."""
+    g = np.zeros(t.num_rows, dtype=np.int64)
+    for c in cols:
+        col = t.column(c).combine_chunks()
+        enc = pc.dictionary_encode(col, null_encoding="encode")
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        g = g * (len(enc.dictionary) + 1) + codes
+        if len(cols) > 1:
+            g = np.unique(g, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    return g
+
+
+def _partition_tail(t: pa.Table, cols: tuple[str, ...], n: int) -> pa.Table:
+    """Per partition (values of ``cols``) the last ``n`` rows, in arrival order."""
+    if t.num_rows == 0 or n <= 0:
+        return t.slice(0, 0)
+    if t.num_rows <= n:
+        return t
+    g = _group_ids(t, cols)
+    order = np.argsort(g, kind="stable")  # groups together, arrival order inside each
+    gs = g[order]
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(gs)) + 1))
+    counts = np.diff(np.concatenate((starts, [len(gs)])))
+    pos = np.arange(len(gs)) - np.repeat(starts, counts)
+    keep_sorted = (np.repeat(counts, counts) - pos) <= n  # rank from the end < n
+    mask = np.empty(len(g), dtype=bool)
+    mask[order] = keep_sorted
+    if mask.all():
+        return t
+    return t.filter(pa.array(mask))
+
+
+# ---------------------------------------------------------------------------
+
+
+class Chunker:
+    """Cuts pushed tuples into chunks of ``chunk_instants`` instants for a set of queries.
+
+    ``queries`` maps query ids to :class:`strata.mlscql.CompiledQuery`.  Queries
+    see only tuples pushed while they are registered.
+    """
+
+    def __init__(self, config, queries: dict | None = None, chunk_instants: int = 1):
+        if isinstance(chunk_instants, bool) or not isinstance(chunk_instants, (int, np.integer)) or chunk_instants < 1:
+            raise ValueError(f"chunk_instants must be a positive integer, not {chunk_instants!r}")
+        self.config = config
+        self.K = int(chunk_instants)
+        self.accepted = 0
+        self.rejected: dict[str, int] = {}
+        self._queries: dict[str, _Query] = {}
+        self._next_seq: dict[str, int] = {name: 0 for name in config.streams}
+        self._last_ts: dict[str, int] = {}
+        self._schemas = {name: stream_schema(s) for name, s in config.streams.items()}
+        self._next_chunk = 0  # every chunk with a smaller index is closed
+        for qid, cq in (queries or {}).items():
+            self.add_query(qid, cq)
+
+    # -- queries ----------------------------------------------------------------
+    @property
+    def chunk_instants(self) -> int:
+        return self.K
+
+    @property
+    def query_ids(self) -> list[str]:
+        return list(self._queries)
+
+    @property
+    def closed_until(self) -> int:
+        """First instant not closed yet: a tuple with a smaller ts is late."""
+        return self._next_chunk * self.K
+
+    def add_query(self, query_id: str, cq) -> None:
+        """Register ``cq``; it sees the tuples pushed from now on."""
+        if query_id in self._queries:
+            raise ChunkingError(f"query {query_id!r} is already registered", "duplicate_query")
+        mode = legacy_mode(cq)
+        items = []
+        for f, info in zip(cq.query.from_, cq.items):
+            w = f.window
+            if w is None or w.levels is None:
+                raise ChunkingError(f"query {query_id!r}: FROM item {info.name!r} has no rewritten window")
+            stream = self._stream_name(info.stream)
+            schema = self._schemas[stream]
+            kind = w.kind
+            part: tuple[str, ...] = ()
+            if kind == "partition":
+                byname = {n.lower(): n for n in schema.names}
+                try:
+                    part = tuple(byname[p.lower()] for p in w.partition_by)
+                except KeyError as e:
+                    raise ChunkingError(f"query {query_id!r}: unknown PARTITION BY attribute {e.args[0]!r}") from None
+            if kind not in ("rows", "range", "unbounded", "now", "partition"):
+                raise ChunkingError(f"query {query_id!r}: unknown window kind {kind!r}")
+            items.append(
+                _Item(
+                    stream=stream,
+                    kind=kind,
+                    rows=w.rows,
+                    range_t=range_instants(w, self.config.instant_seconds) if kind == "range" else None,
+                    partition_by=part,
+                    unbounded_mode=mode if kind == "unbounded" else None,
+                    level_set=pa.array(sorted(w.levels), pa.string()),
+                    schema=schema,
+                )
+            )
+        self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items)
+
+    def remove_query(self, query_id: str) -> None:
+        self._queries.pop(query_id, None)
+
+    def mode(self, query_id: str) -> LegacyMode:
+        return self._queries[query_id].mode
+
+    # -- input ------------------------------------------------------------------
+    def push(self, stream: str, table) -> int:
+        """Append a batch of tuples of ``stream`` in arrival order; all or nothing.
+
+        Returns the number of tuples accepted.  Raises :class:`ChunkingError`
+        (and counts the batch's tuples in ``rejected[reason]``) otherwise.
+        """
+        try:
+            name = self._stream_name(stream)
+        except ChunkingError as e:
+            self._reject(e, table)
+            raise
+        try:
+            t = self._normalize(name, table)
+        except ChunkingError as e:
+            self._reject(e, table)
+            raise
+        n = t.num_rows
+        if n == 0:
+            return 0
+        # commit: nothing below can fail
+        seq0 = self._next_seq[name]
+        t = t.add_column(0, "_seq", pa.array(np.arange(seq0, seq0 + n, dtype=np.int64)))
+        self._next_seq[name] = seq0 + n
+        self._last_ts[name] = int(t.column("ts")[n - 1].as_py())
+        self.accepted += n
+        level = t.column("level")
+        masks: dict[tuple, pa.Array] = {}
+        for q in self._queries.values():
+            for it in q.items:
+                if it.stream != name:
+                    continue
+                key = tuple(it.level_set.to_pylist())
+                if key not in masks:
+                    masks[key] = pc.is_in(level, value_set=it.level_set)
+                m = masks[key]
+                vis = t.filter(m)
+                it.append(vis)
+        return n
+
+    def _reject(self, e: ChunkingError, table) -> None:
+        n = getattr(table, "num_rows", None)
+        if n is None:
+            try:
+                n = len(table) if not isinstance(table, dict) else len(next(iter(table.values()), ()))
+            except Exception:  # noqa: BLE001
+                n = 1
+        self.rejected[e.reason] = self.rejected.get(e.reason, 0) + max(int(n), 1)
+
+    def _stream_name(self, stream: str) -> str:
+        s = self.config.stream(stream) if isinstance(stream, str) else None
+        if s is None:
+            raise ChunkingError(
+                f"unknown stream {stream!r} (streams: {', '.join(self.config.streams)})", "unknown_stream"
+            )
+        return s.name
+
+    def _normalize(self, name: str, table) -> pa.Table:
+        """Validate a batch and return it as ``ts, level, attributes`` with the stream's Arrow types."""
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        elif not isinstance(table, pa.Table):
+            try:
+                table = pa.table(table)
+            except Exception as e:  # noqa: BLE001
+                raise ChunkingError(f"stream {name}: cannot read batch as a table: {e}", "bad_batch") from None
+        schema = self._schemas[name]
+        want = [f.name for f in schema if f.name != "_seq"]
+        got = table.column_names
+        if len(set(c.lower() for c in got)) != len(got):
+            dups = sorted({c for c in got if [x.lower() for x in got].count(c.lower()) > 1})
+            raise ChunkingError(f"stream {name}: duplicate columns {', '.join(dups)}", "duplicate_columns")
+        lower = {c.lower(): c for c in got}
+        missing = [c for c in want if c.lower() not in lower]
+        extra = [c for c in got if c.lower() not in {w.lower() for w in want}]
+        if missing:
+            raise ChunkingError(f"stream {name}: missing columns {', '.join(missing)}", "missing_columns")
+        if extra:
+            raise ChunkingError(
+                f"stream {name}: unexpected columns {', '.join(extra)} (expected ts, level, "
+                f"{', '.join(schema.names[3:])})",
+                "extra_columns",
+            )
+        cols = []
+        for c in want:
+            target = schema.field(c).type
+            col = table.column(lower[c.lower()])
+            if col.type != target:
+                try:
+                    col = col.cast(target, safe=True)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                    raise ChunkingError(
+                        f"stream {name}: column {c} of type {col.type} cannot be read as {target}: {e}", "bad_type"
+                    ) from None
+            cols.append(col)
+        n = table.num_rows
+        ts, level = cols[0], cols[1]
+        if ts.null_count:
+            raise ChunkingError(f"stream {name}: ts is null in {ts.null_count} tuple(s)", "null_ts")
+        if level.null_count:
+            raise ChunkingError(f"stream {name}: level is null in {level.null_count} tuple(s)", "null_level")
+        if n:
+            # levels: known and canonical
+            uniq = pc.unique(level).to_pylist()
+            canon = []
+            for lv in uniq:
+                try:
+                    canon.append(self.config.lattice.parse(lv))
+                except LevelError as e:
+                    raise ChunkingError(f"stream {name}: {e}", "unknown_level") from None
+            if canon != uniq:
+                idx = pc.index_in(level, value_set=pa.array(uniq, pa.string()))
+                level = pa.chunked_array([pc.take(pa.array(canon, pa.string()), idx.combine_chunks())])
+                cols[1] = level
+            # ts: non-negative, non-decreasing, not in a closed chunk
+            tsn = ts.to_numpy()
+            if tsn[0] < 0 or tsn.min() < 0:
+                raise ChunkingError(f"stream {name}: negative ts {int(tsn.min())}", "negative_ts")
+            if n > 1 and (np.diff(tsn) < 0).any():
+                i = int(np.argmax(np.diff(tsn) < 0))
+                raise ChunkingError(
+                    f"stream {name}: ts decreases within the batch ({int(tsn[i])} then {int(tsn[i + 1])} "
+                    f"at row {i + 1})",
+                    "ts_decreasing",
+                )
+            last = self._last_ts.get(name)
+            if last is not None and tsn[0] < last:
+                raise ChunkingError(
+                    f"stream {name}: ts {int(tsn[0])} is before the stream's last ts {last}", "ts_decreasing"
+                )
+            if tsn[0] < self.closed_until:
+                raise ChunkingError(
+                    f"stream {name}: late tuple: ts {int(tsn[0])} is in an already closed chunk "
+                    f"(instants < {self.closed_until} are closed)",
+                    "late_tuple",
+                )
+        out_schema = pa.schema([f for f in schema if f.name != "_seq"])
+        return pa.Table.from_arrays([c if isinstance(c, pa.ChunkedArray) else pa.chunked_array([c]) for c in cols],
+                                    schema=out_schema)
+
+    # -- cutting ----------------------------------------------------------------
+    def close(self, upto_ts: int) -> list[Chunk]:
+        """Instants ``<= upto_ts`` are complete: cut every chunk ending at or before it.
+
+        Chunks without a visible instant of any query are skipped.  Returns the
+        chunks in increasing ``chunk_id`` order.
+        """
+        end_chunk = (int(upto_ts) + 1) // self.K  # chunks [_next_chunk, end_chunk) close
+        if end_chunk <= self._next_chunk:
+            return []
+        end_ts = end_chunk * self.K - 1
+        # chunk indices with at least one visible instant of some query
+        idx = []
+        for q in self._queries.values():
+            for it in q.items:
+                ts = it.pending_ts()
+                k = int(np.searchsorted(ts, end_ts, side="right"))
+                if k:
+                    idx.append(np.unique(ts[:k] // self.K))
+        cids = np.unique(np.concatenate(idx)) if idx else np.empty(0, dtype=np.int64)
+        out = []
+        for cid in cids.tolist():
+            ch = self._cut(int(cid))
+            if ch.queries:
+                out.append(ch)
+        self._next_chunk = end_chunk
+        boundary = self.closed_until
+        for q in self._queries.values():
+            self._trim(q, boundary)
+        return out
+
+    def finish(self) -> list[Chunk]:
+        """Close every chunk holding a pushed tuple (including a partial last chunk)."""
+        if not self._last_ts:
+            return []
+        last = max(self._last_ts.values())
+        return self.close((last // self.K) * self.K + self.K - 1)
+
+    def _cut(self, cid: int) -> Chunk:
+        first, last = cid * self.K, cid * self.K + self.K - 1
+        qcs = []
+        for q in self._queries.values():
+            new = [it.take_pending(last) for it in q.items]
+            if not any(t.num_rows for t in new):
+                continue
+            instants = np.unique(np.concatenate([_ts(t) for t in new])).tolist()
+            tau_a, prev = instants[0], q.last_instant
+            tables = []
+            for it, nt in zip(q.items, new):
+                tables.append(_concat(self._legacy(q, it, tau_a, prev), nt))
+                it.hist = _compact(_concat(it.hist, nt))
+            qc = QueryChunk(
+                query_id=q.query_id,
+                chunk_id=cid,
+                items=tables,
+                instants=[int(x) for x in instants],
+                prev_instant=prev,
+            )
+            if q.mode is LegacyMode.STATE:
+                qc.state, qc.state_upto = q.state, q.state_upto
+            qcs.append(qc)
+            q.last_instant = int(instants[-1])
+            self._trim(q, last + 1)
+        return Chunk(chunk_id=cid, first_ts=first, last_ts=last, queries=qcs)
+
+    def _legacy(self, q: _Query, it: _Item, tau_a: int, prev: int | None) -> pa.Table:
+        """The legacy rows of item ``it`` for a chunk whose first instant is ``tau_a``."""
+        h = _slice_ts(it.hist, hi=tau_a)
+        if h.num_rows == 0:
+            return h
+        kind, istream = it.kind, q.r2s in ("ISTREAM", "DSTREAM")
+        if kind == "rows":
+            n = it.rows or 0
+            return h.slice(max(0, h.num_rows - n)) if n > 0 else h.slice(0, 0)
+        if kind == "partition":
+            return _partition_tail(h, it.partition_by, it.rows or 0)
+        if kind == "range":
+            lo = tau_a - it.range_t + 1
+            if istream and prev is not None:
+                lo = min(lo, prev - it.range_t + 1)
+            return _slice_ts(h, lo=lo)
+        if kind == "now":
+            if istream and prev is not None:
+                return _slice_ts(h, lo=prev, hi=prev + 1)
+            return h.slice(0, 0)
+        # unbounded
+        if it.unbounded_mode is LegacyMode.NONE:
+            return h.slice(0, 0)
+        if it.unbounded_mode is LegacyMode.STATE:
+            return _slice_ts(h, lo=None if q.state_upto is None else q.state_upto + 1)
+        return h  # HISTORY
+
+    def _trim(self, q: _Query, boundary: int) -> None:
+        """Drop retained rows no chunk starting at or after ``boundary`` can need."""
+        istream = q.r2s in ("ISTREAM", "DSTREAM")
+        for it in q.items:
+            h = it.hist
+            if h.num_rows == 0:
+                continue
+            kind = it.kind
+            if kind == "rows":
+                n = it.rows or 0
+                h = h.slice(max(0, h.num_rows - n)) if n > 0 else h.slice(0, 0)
+            elif kind == "partition":
+                h = _partition_tail(h, it.partition_by, it.rows or 0)
+            elif kind == "range":
+                lo = boundary - it.range_t + 1
+                if istream and q.last_instant is not None:
+                    lo = min(lo, q.last_instant - it.range_t + 1)
+                h = _slice_ts(h, lo=lo)
+            elif kind == "now":
+                h = _slice_ts(h, lo=q.last_instant) if istream and q.last_instant is not None else h.slice(0, 0)
+            elif it.unbounded_mode is LegacyMode.NONE:
+                h = h.slice(0, 0)
+            elif it.unbounded_mode is LegacyMode.STATE and q.state_upto is not None:
+                h = _slice_ts(h, lo=q.state_upto + 1)
+            it.hist = _compact(h) if h.num_rows else it.schema.empty_table()
+
+    # -- results ----------------------------------------------------------------
+    def confirm(self, result: ChunkResult) -> bool:
+        """Take the state snapshot of a STATE query's result; True if it became the snapshot.
+
+        Results of other queries, without a state, or not newer than the
+        current snapshot are ignored.  ``state_upto`` may be the chunk's last
+        instant or its ``last_ts``; a snapshot claiming instants beyond its
+        chunk raises :class:`ChunkingError`.
+        """
+        q = self._queries.get(result.query_id)
+        if q is None or q.mode is not LegacyMode.STATE:
+            return False
+        if result.state is None or result.state_upto is None:
+            return False
+        upto = int(result.state_upto)
+        if q.state_upto is not None and upto <= q.state_upto:
+            return False
+        # a state may claim its chunk's last instant or the chunk's end (nothing visible in between),
+        # never beyond: dropping tuples the worker did not see would lose them
+        limit = min(self.closed_until - 1, int(result.chunk_id) * self.K + self.K - 1)
+        if q.last_instant is None or upto > limit:
+            raise ChunkingError(
+                f"query {q.query_id!r}: state snapshot up to {upto} is beyond chunk {result.chunk_id} "
+                f"(ends at {limit})",
+                "bad_result",
+            )
+        q.state, q.state_upto = result.state, upto
+        for it in q.items:
+            it.hist = _slice_ts(it.hist, lo=upto + 1)
+            if it.hist.num_rows == 0:
+                it.hist = it.schema.empty_table()
+        return True
+
+    # -- introspection ------------------------------------------------------------
+    @property
+    def retained_rows(self) -> int:
+        """Tuples held for all queries (history plus not yet cut)."""
+        return sum(it.retained_rows for q in self._queries.values() for it in q.items)
+
+    def retained(self, query_id: str) -> list[int]:
+        """Per FROM item of ``query_id``: retained history rows (excluding uncut ones)."""
+        return [it.hist.num_rows for it in self._queries[query_id].items]
+
+    def snapshot_upto(self, query_id: str) -> int | None:
+        return self._queries[query_id].state_upto
+
+    def stats(self) -> dict:
+        return {
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "retained_rows": self.retained_rows,
+            "closed_until": self.closed_until,
+            "queries": len(self._queries),
+        }
+

@@ -1,0 +1,655 @@
+"""Brute-force reference evaluation of MLS-CQL (SEMANTICS.md §1-§5).
+
+Obviously-correct over fast: at every instant the windows are recomputed from
+the whole visible substream, the FROM items are cross-multiplied, and R(τ) is
+built from scratch.  The *original* parsed query is evaluated with the raw
+semantics (window level clause filters before the window, WHERE level
+conditions after it); the front end's rewritten/optimized query is never used,
+so comparing the engine against this also checks the rewriting.
+
+``compile_query`` is used only to decide whether the query is accepted (a
+rejected query raises the same ``QueryError`` here) and to cross-check the
+number of output columns.
+
+Facts copied from SEMANTICS.md (nothing here reads ../shared at run time):
+
+* visible substream of a FROM item = tuples whose level is in the window level
+  clause's set (all levels without one; ``DOMINATED BY X`` = dominated(X))
+  ∩ dominated(L), in arrival order; no window = ``[RANGE UNBOUNDED]``;
+* instants = distinct ``ts`` over the visible substreams of all FROM items;
+* ``[ROWS N]`` last N with ts ≤ τ; ``[RANGE T unit]`` τ-T < ts ≤ τ with T in
+  instants = ceil(T·unit / instant_seconds); ``[NOW]`` ts = τ;
+  ``[PARTITION BY a.. ROWS N]`` union of the last N per partition;
+* output level = lub of contributing tuples (bottom if none);
+* ISTREAM = R(τ) − R(τ'), DSTREAM = R(τ') − R(τ), RSTREAM = R(τ) (bags of
+  (level, cols...)); default RSTREAM iff the select list has an aggregate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Iterable
+
+from strata.config import Config, StreamSchema
+from strata.lattice import Lattice
+from strata.mlscql import ast as A
+from strata.mlscql import compile_query, parse
+
+__all__ = ["evaluate", "compare_results", "range_instants"]
+
+#: seconds per RANGE unit (canonical unit names of the parser)
+UNIT_SECONDS = {
+    "milliseconds": Fraction(1, 1000),
+    "seconds": Fraction(1),
+    "minutes": Fraction(60),
+    "hours": Fraction(3600),
+    "days": Fraction(86400),
+}
+
+ISTREAM, RSTREAM, DSTREAM = "ISTREAM", "RSTREAM", "DSTREAM"
+
+
+# ---------------------------------------------------------------------------
+# public API
+
+
+def evaluate(query_text: str, config: Config, level: str, streams: dict[str, list[dict]]) -> list[tuple]:
+    """All output rows ``(ts, level, col1, ...)`` of ``query_text`` run at ``level``.
+
+    ``streams[name]`` holds the stream's tuples in arrival order, each a dict
+    with ``ts``, ``level`` and the user attributes (None = NULL).  Raises the
+    front end's ``QueryError`` for a query it rejects.
+    """
+    compiled = compile_query(query_text, config, level)  # acceptance only
+    query = parse(query_text)
+    ev = _Evaluator(query, config, config.lattice.parse(level), streams)
+    rows = ev.run()
+    width = len(compiled.outputs) + 2
+    for r in rows:
+        if len(r) != width:  # pragma: no cover - a reference bug or a front-end disagreement
+            raise AssertionError(
+                f"reference produced {len(r) - 2} columns but the front end declares "
+                f"{len(compiled.outputs)} ({[c.name for c in compiled.outputs]})"
+            )
+    return rows
+
+
+def range_instants(amount: float, unit: str | None, instant_seconds: float) -> int:
+    """Length in instants of ``RANGE amount unit``: ceil(amount·unit / instant)."""
+    secs = _exact(amount) * UNIT_SECONDS[unit or "seconds"]
+    return max(1, math.ceil(secs / _exact(instant_seconds)))
+
+
+def compare_results(actual: Iterable[tuple], expected: Iterable[tuple], rel: float = 1e-9) -> None:
+    """Assert two output row lists are equal as bags per instant.
+
+    Floats compare within relative ``rel`` (or absolute 1e-9); None equals
+    None only.  Raises AssertionError describing the first differing instant.
+    """
+    act = _by_instant(actual)
+    exp = _by_instant(expected)
+    for ts in sorted(set(act) | set(exp)):
+        a, e = act.get(ts, []), exp.get(ts, [])
+        missing, extra = _bag_diff(e, a, rel)
+        if missing or extra:
+            lines = [f"results differ at instant ts={ts}: expected {len(e)} row(s), got {len(a)}"]
+            if missing:
+                lines.append(f"  missing (expected, not in actual): {len(missing)}")
+                lines += [f"    - {_fmt(r)}" for r in _head(missing)]
+            if extra:
+                lines.append(f"  unexpected (in actual, not expected): {len(extra)}")
+                lines += [f"    + {_fmt(r)}" for r in _head(extra)]
+            lines.append("  expected rows at this instant:")
+            lines += [f"      {_fmt(r)}" for r in _head(sorted(e, key=_sort_key))]
+            lines.append("  actual rows at this instant:")
+            lines += [f"      {_fmt(r)}" for r in _head(sorted(a, key=_sort_key))]
+            other = sorted(t for t in set(act) | set(exp) if t > ts and _bag_diff(exp.get(t, []), act.get(t, []), rel) != ([], []))
+            if other:
+                lines.append(f"  later differing instants: {other[:20]}{' …' if len(other) > 20 else ''}")
+            raise AssertionError("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------
+# comparison helpers
+
+
+def _plain(v: Any) -> Any:
+    """numpy / pyarrow scalars as plain Python values."""
+    if type(v).__module__.split(".")[0] in ("numpy", "pyarrow") and hasattr(v, "item"):
+        return v.item()
+    if type(v).__module__.split(".")[0] == "pyarrow" and hasattr(v, "as_py"):
+        return v.as_py()
+    return v
+
+
+def _by_instant(rows: Iterable[tuple]) -> dict[int, list[tuple]]:
+    out: dict[int, list[tuple]] = defaultdict(list)
+    for r in rows:
+        r = tuple(_plain(v) for v in r)
+        out[int(r[0])].append(r)
+    return out
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, bool)
+
+
+def _val_eq(x: Any, y: Any, rel: float) -> bool:
+    if x is None or y is None:
+        return x is None and y is None
+    if _is_num(x) and _is_num(y):
+        if isinstance(x, numbers.Integral) and isinstance(y, numbers.Integral):
+            return int(x) == int(y)
+        fx, fy = float(x), float(y)
+        if math.isnan(fx) or math.isnan(fy):
+            return math.isnan(fx) and math.isnan(fy)
+        return math.isclose(fx, fy, rel_tol=rel, abs_tol=1e-9)
+    if isinstance(x, bool) or isinstance(y, bool):
+        return isinstance(x, bool) and isinstance(y, bool) and x == y
+    return x == y
+
+
+def _row_eq(a: tuple, b: tuple, rel: float) -> bool:
+    return len(a) == len(b) and all(_val_eq(x, y, rel) for x, y in zip(a, b))
+
+
+def _norm_key(r: tuple) -> tuple:
+    """Exact-match key (floats rounded) for the fast first matching pass."""
+    out = []
+    for v in r:
+        if _is_num(v) and not isinstance(v, numbers.Integral):
+            f = float(v)
+            out.append(("n", f) if math.isnan(f) or math.isinf(f) else ("n", float(f"{f:.12g}")))
+        elif _is_num(v):
+            out.append(("n", float(int(v))) if abs(int(v)) < 2**53 else ("i", int(v)))
+        else:
+            out.append((type(v).__name__, v))
+    return tuple(out)
+
+
+def _bag_diff(expected: list[tuple], actual: list[tuple], rel: float) -> tuple[list[tuple], list[tuple]]:
+    """(expected rows not matched in actual, actual rows not matched in expected)."""
+    pool: dict[tuple, list[tuple]] = defaultdict(list)
+    for r in actual:
+        pool[_norm_key(r)].append(r)
+    leftover_e = []
+    for r in expected:
+        bucket = pool.get(_norm_key(r))
+        if bucket:
+            bucket.pop()
+        else:
+            leftover_e.append(r)
+    leftover_a = [r for b in pool.values() for r in b]
+    missing = []
+    for r in leftover_e:  # tolerance pass
+        for k, c in enumerate(leftover_a):
+            if _row_eq(r, c, rel):
+                del leftover_a[k]
+                break
+        else:
+            missing.append(r)
+    return missing, leftover_a
+
+
+def _sort_key(r: tuple):
+    return tuple((v is None, type(v).__name__ if not _is_num(v) else "num", v if v is not None else 0) for v in r)
+
+
+def _fmt(r: tuple) -> str:
+    return "(" + ", ".join(repr(v) for v in r) + ")"
+
+
+def _head(rows: list, n: int = 30) -> list:
+    return rows if len(rows) <= n else rows[:n] + [("…", f"{len(rows) - n} more")]
+
+
+def _exact(x: float) -> Fraction:
+    """Decimal value the user wrote (0.1 → 1/10), not the binary float's."""
+    if isinstance(x, int):
+        return Fraction(x)
+    return Fraction(repr(float(x)))
+
+
+# ---------------------------------------------------------------------------
+# evaluation
+
+
+@dataclass
+class _Item:
+    name: str  # alias, else stream name
+    schema: StreamSchema
+    window: A.Window | None
+    visible: list[dict]  # visible substream in arrival order
+
+
+class _Evaluator:
+    def __init__(self, q: A.Query, config: Config, level: str, streams: dict[str, list[dict]]):
+        self.q = q
+        self.config = config
+        self.lat: Lattice = config.lattice
+        self.level = level
+        self.dom = self.lat.dominated(level)
+        self.items: list[_Item] = []
+        for f in q.from_:
+            schema = config.stream(f.stream)
+            assert schema is not None, f.stream
+            tuples = _normalize_stream(schema, self.lat, _lookup_stream(streams, schema.name))
+            allowed = self._window_levels(f.window) & self.dom
+            visible = [t for t in tuples if t["level"] in allowed]
+            self.items.append(_Item(f.alias or schema.name, schema, f.window, visible))
+        self._col_cache: dict[A.Column, tuple[int, str]] = {}
+        self.agg_in_select = q.select is not None and any(A.aggregates_in(s.expr) for s in q.select)
+        self.is_aggregate = bool(q.group_by) or q.having is not None or self.agg_in_select
+        self.r2s = q.r2s or (RSTREAM if self.agg_in_select else ISTREAM)
+        if config.instant_seconds <= 0:  # pragma: no cover
+            raise ValueError("instant_seconds must be positive")
+
+    # -- driver ---------------------------------------------------------------
+    def run(self) -> list[tuple]:
+        instants = sorted({t["ts"] for i, it in enumerate(self.items) for t in self._instant_tuples(i)})
+        out: list[tuple] = []
+        prev: Counter = Counter()
+        for tau in instants:
+            cur = Counter(self.relation(tau))
+            if self.r2s == ISTREAM:
+                emit = cur - prev
+            elif self.r2s == DSTREAM:
+                emit = prev - cur
+            else:
+                emit = cur
+            for row, n in emit.items():
+                out.extend([(tau, *row)] * n)
+            prev = cur
+        return out
+
+    # -- instants -----------------------------------------------------------------
+    def _instant_tuples(self, i: int) -> list[dict]:
+        """Tuples whose ts are instants of the query (SEMANTICS §4-5).
+
+        The visible substream is defined by the *rewritten* window level set.
+        Rewriting moves a top-level WHERE level condition on an item into its
+        window when the window is RANGE, UNBOUNDED, NOW or PARTITION BY level
+        (window contents are unchanged by that), so such conditions also decide
+        which tuples make instants.  Implemented here from the rule's text.
+        """
+        it = self.items[i]
+        kind = "unbounded" if it.window is None else it.window.kind
+        movable = kind in ("range", "unbounded", "now") or (
+            kind == "partition" and any(a.lower() == "level" for a in it.window.partition_by)
+        )
+        if not movable:
+            return it.visible
+        allowed = None
+        for c in _top_conjuncts(self.q.where):
+            s = self._pure_level_set(c, it.name)
+            if s is not None:
+                allowed = s if allowed is None else allowed & s
+        if allowed is None:
+            return it.visible
+        return [t for t in it.visible if t["level"] in allowed]
+
+    def _pure_level_set(self, c: A.Expr, item: str) -> frozenset[str] | None:
+        def mine(x) -> bool:
+            if not (isinstance(x, A.Column) and x.name.lower() == "level"):
+                return False
+            if x.qualifier is None:
+                return len(self.items) == 1
+            return x.qualifier.lower() == item.lower()
+
+        def lit(x):
+            if isinstance(x, A.LevelLiteral):
+                return self.lat.parse(x.text)
+            if isinstance(x, A.Column) and x.qualifier is None and self.lat.contains(x.name):
+                return self.lat.parse(x.name)
+            if isinstance(x, A.Literal) and x.type == "string" and self.lat.contains(x.value):
+                return self.lat.parse(x.value)
+            if isinstance(x, A.Literal) and x.type == "long" and self.lat.contains(str(x.value)):
+                return self.lat.parse(str(x.value))
+            return None
+
+        everything = frozenset(self.lat.levels)
+        if isinstance(c, A.Binary) and c.op in ("=", "!="):
+            for a, b in ((c.left, c.right), (c.right, c.left)):
+                if mine(a) and lit(b) is not None:
+                    one = frozenset({lit(b)})
+                    return one if c.op == "=" else everything - one
+            return None
+        if isinstance(c, A.InList) and mine(c.operand):
+            vals = [lit(x) for x in c.items]
+            if any(v is None for v in vals):
+                return None
+            return everything - frozenset(vals) if c.negated else frozenset(vals)
+        if isinstance(c, A.DominatedBy) and mine(c.operand):
+            return self.lat.dominated(self.lat.parse(c.level.text))
+        return None
+
+    # -- level sets -------------------------------------------------------------
+    def _window_levels(self, w: A.Window | None) -> frozenset[str]:
+        if w is None or w.clause is None:
+            return frozenset(self.lat.levels)
+        c = w.clause
+        if c.form == "dominated":
+            return self.lat.dominated(self.lat.parse(c.levels[0]))
+        if c.form in ("in", "eq"):
+            return frozenset(self.lat.parse(x) for x in c.levels)
+        raise ValueError(f"unknown level clause form {c.form!r}")  # pragma: no cover
+
+    # -- windows ----------------------------------------------------------------
+    def window(self, i: int, tau: int) -> list[dict]:
+        it = self.items[i]
+        w = it.window
+        upto = [t for t in it.visible if t["ts"] <= tau]
+        kind = "unbounded" if w is None else w.kind
+        if kind == "unbounded":
+            return upto
+        if kind == "now":
+            return [t for t in upto if t["ts"] == tau]
+        if kind == "rows":
+            return upto[len(upto) - w.rows:] if len(upto) > w.rows else upto
+        if kind == "range":
+            span = range_instants(w.range_amount, w.range_unit, self.config.instant_seconds)
+            return [t for t in upto if t["ts"] > tau - span]
+        if kind == "partition":
+            attrs = [_canon_attr(it.schema, a) for a in w.partition_by]
+            parts: dict[tuple, list[int]] = defaultdict(list)
+            for k, t in enumerate(upto):
+                parts[tuple(t[a] for a in attrs)].append(k)
+            keep = sorted(k for ks in parts.values() for k in ks[-w.rows:])
+            return [upto[k] for k in keep]
+        raise ValueError(f"unknown window kind {kind!r}")  # pragma: no cover
+
+    # -- R(τ) -------------------------------------------------------------------
+    def relation(self, tau: int) -> list[tuple]:
+        """R(τ) as a list of rows ``(level, col1, ...)``."""
+        contents = [self.window(i, tau) for i in range(len(self.items))]
+        q = self.q
+        rows = [r for r in itertools.product(*contents) if q.where is None or self.eval(q.where, r) is True]
+        out: list[tuple] = []
+        if not self.is_aggregate:
+            for r in rows:
+                lvl = self.lat.lub_all(t["level"] for t in r)
+                out.append((lvl, *self.select_values(r, None)))
+            return out
+        groups: dict[tuple, list[tuple]] = {}
+        if q.group_by:
+            for r in rows:
+                key = tuple(self.eval(g, r) for g in q.group_by)
+                groups.setdefault(key, []).append(r)
+        else:
+            groups[()] = rows  # one group, even over empty input
+        for grp in groups.values():
+            rep = grp[0] if grp else None
+            if q.having is not None and self.eval(q.having, rep, grp) is not True:
+                continue
+            lvl = self.lat.lub_all(t["level"] for r in grp for t in r)
+            out.append((lvl, *self.select_values(rep, grp)))
+        return out
+
+    def select_values(self, row, group) -> list:
+        if self.q.select is None:  # SELECT *: all user attributes, FROM order
+            return [t[c] for t, it in zip(row, self.items) for c in it.schema.column_names]
+        return [self.eval(s.expr, row, group) for s in self.q.select]
+
+    # -- expressions ---------------------------------------------------------------
+    def column(self, c: A.Column) -> tuple[int, str]:
+        hit = self._col_cache.get(c)
+        if hit is not None:
+            return hit
+        if c.qualifier is not None:
+            idx = [k for k, it in enumerate(self.items) if it.name.lower() == c.qualifier.lower()]
+            if len(idx) != 1:
+                raise ValueError(f"cannot resolve {c.qualifier}.{c.name}")
+            attr = _canon_attr(self.items[idx[0]].schema, c.name)
+            if attr is None:
+                raise ValueError(f"cannot resolve {c.qualifier}.{c.name}")
+            hit = (idx[0], attr)
+        else:
+            hits = [(k, _canon_attr(it.schema, c.name)) for k, it in enumerate(self.items)]
+            hits = [(k, a) for k, a in hits if a is not None]
+            if len(hits) != 1:
+                raise ValueError(f"cannot resolve column {c.name}")
+            hit = hits[0]
+        self._col_cache[c] = hit
+        return hit
+
+    @staticmethod
+    def _is_level_col(e: A.Expr) -> bool:
+        return isinstance(e, A.Column) and e.name.lower() == "level"
+
+    def _is_level_typed(self, e: A.Expr) -> bool:
+        return self._is_level_col(e) or isinstance(e, A.LevelLiteral)
+
+    def _as_level(self, e: A.Expr) -> str | None:
+        """A level literal written next to ``level``: U, "S", [1,B], or 5 if a level."""
+        if isinstance(e, A.LevelLiteral):
+            return self.lat.parse(e.text)
+        if isinstance(e, A.Column) and e.qualifier is None and self.lat.contains(e.name):
+            return self.lat.parse(e.name)
+        if isinstance(e, A.Literal) and e.type == "string":
+            return self.lat.parse(e.value)
+        if isinstance(e, A.Literal) and e.type == "long" and self.lat.contains(str(e.value)):
+            return self.lat.parse(str(e.value))
+        return None
+
+    def eval(self, e: A.Expr, row, group=None):
+        """Value of ``e`` on a joined row; in a group context ``row`` is a representative."""
+        if isinstance(e, A.Literal):
+            return e.value
+        if isinstance(e, A.LevelLiteral):
+            return self.lat.parse(e.text)
+        if isinstance(e, A.Column):
+            k, attr = self.column(e)
+            if row is None:
+                raise ValueError(f"column {e.name} evaluated without a row")
+            return row[k][attr]
+        if isinstance(e, A.Aggregate):
+            if group is None:
+                raise ValueError("aggregate outside a group")
+            return self.aggregate(e, group)
+        if isinstance(e, A.Unary):
+            v = self.eval(e.operand, row, group)
+            if e.op == "NOT":
+                return None if v is None else (not v)
+            if e.op == "-":
+                return None if v is None else -v
+            raise ValueError(f"unknown unary {e.op}")  # pragma: no cover
+        if isinstance(e, A.Binary):
+            return self.binary(e, row, group)
+        if isinstance(e, A.InList):
+            if self._is_level_typed(e.operand):
+                v = self.eval(e.operand, row, group)
+                lvls = [self._as_level(x) for x in e.items]
+                if any(x is None for x in lvls):
+                    raise ValueError("level IN with a non-level item")
+                res = v in lvls
+                return (not res) if e.negated else res
+            v = self.eval(e.operand, row, group)
+            vals = [self.eval(x, row, group) for x in e.items]
+            res = _sql_in(v, vals)
+            if e.negated:
+                return None if res is None else (not res)
+            return res
+        if isinstance(e, A.DominatedBy):
+            v = self.eval(e.operand, row, group)
+            return self.lat.leq(v, self.lat.parse(e.level.text))
+        if isinstance(e, A.IsNull):
+            v = self.eval(e.operand, row, group)
+            return (v is not None) if e.negated else (v is None)
+        raise ValueError(f"unsupported expression {e!r}")  # pragma: no cover
+
+    def binary(self, e: A.Binary, row, group):
+        op = e.op
+        if op == "AND":
+            a, b = self.eval(e.left, row, group), self.eval(e.right, row, group)
+            if a is False or b is False:
+                return False
+            if a is None or b is None:
+                return None
+            return True
+        if op == "OR":
+            a, b = self.eval(e.left, row, group), self.eval(e.right, row, group)
+            if a is True or b is True:
+                return True
+            if a is None or b is None:
+                return None
+            return False
+        if op in A.COMPARISONS:
+            # `level = U`: a bare name / string next to `level` is a level literal
+            if self._is_level_col(e.left):
+                lv = self._as_level(e.right)
+                if lv is not None:
+                    return _compare(op, self.eval(e.left, row, group), lv)
+            if self._is_level_col(e.right):
+                lv = self._as_level(e.left)
+                if lv is not None:
+                    return _compare(op, lv, self.eval(e.right, row, group))
+            return _compare(op, self.eval(e.left, row, group), self.eval(e.right, row, group))
+        a, b = self.eval(e.left, row, group), self.eval(e.right, row, group)
+        return _arith(op, a, b)
+
+    def aggregate(self, e: A.Aggregate, group: list) -> Any:
+        if e.arg is None:  # COUNT(*)
+            return len(group)
+        vals = [self.eval(e.arg, r) for r in group]
+        vals = [v for v in vals if v is not None]
+        if e.func == "COUNT":
+            return len(vals)
+        if not vals:
+            return None
+        if e.func == "SUM":
+            return _sum(vals)
+        if e.func == "AVG":
+            s = _sum(vals)
+            return float(s) / len(vals) if isinstance(s, float) else s / len(vals)
+        if e.func == "MIN":
+            return min(vals)
+        if e.func == "MAX":
+            return max(vals)
+        raise ValueError(f"unknown aggregate {e.func}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------
+# scalar semantics
+
+
+def _sum(vals: list):
+    if any(isinstance(v, float) for v in vals):
+        return math.fsum(float(v) for v in vals)  # order-independent, exactly rounded
+    return sum(int(v) for v in vals)
+
+
+def _compare(op: str, a, b):
+    if a is None or b is None:
+        return None
+    if op == "=":
+        return a == b
+    if op == "!=":
+        return a != b
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    if op == ">=":
+        return a >= b
+    raise ValueError(f"unknown comparison {op}")  # pragma: no cover
+
+
+def _arith(op: str, a, b):
+    if a is None or b is None:
+        return None
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":  # always double; x/0 = NULL
+        if b == 0:
+            return None
+        return float(a) / float(b)
+    if op == "%":  # truncating (Java), x % 0 = NULL
+        if b == 0:
+            return None
+        if isinstance(a, float) or isinstance(b, float):
+            return math.fmod(float(a), float(b))
+        r = abs(a) % abs(b)
+        return r if a >= 0 else -r
+    raise ValueError(f"unknown operator {op}")  # pragma: no cover
+
+
+def _sql_in(v, vals: list):
+    if v is None:
+        return None
+    if any(x is not None and x == v for x in vals):
+        return True
+    if any(x is None for x in vals):
+        return None
+    return False
+
+
+# ---------------------------------------------------------------------------
+# input normalization
+
+
+def _canon_attr(schema: StreamSchema, name: str) -> str | None:
+    low = name.lower()
+    if low in ("ts", "level"):
+        return low
+    for c in schema.column_names:
+        if c.lower() == low:
+            return c
+    return None
+
+
+def _lookup_stream(streams: dict[str, list[dict]], name: str) -> list[dict]:
+    if name in streams:
+        return streams[name]
+    for k, v in streams.items():
+        if k.lower() == name.lower():
+            return v
+    return []
+
+
+def _coerce(v, typ: str):
+    if v is None:
+        return None
+    if typ == "double":
+        return float(v)
+    if typ in ("long", "timestamp"):
+        return int(v)
+    if typ == "boolean":
+        return bool(v)
+    if typ == "string":
+        return str(v)
+    return v
+
+
+def _normalize_stream(schema: StreamSchema, lat: Lattice, tuples: list[dict]) -> list[dict]:
+    out = []
+    last = None
+    for k, t in enumerate(tuples):
+        lower = {str(key).lower(): val for key, val in t.items()}
+        ts = int(lower["ts"])
+        if last is not None and ts < last:
+            raise ValueError(f"stream {schema.name}: tuple {k} has ts {ts} < previous ts {last}")
+        last = ts
+        d = {"ts": ts, "level": lat.parse(lower["level"])}
+        for c, typ in schema.columns:
+            d[c] = _coerce(t[c] if c in t else lower.get(c.lower()), typ)
+        out.append(d)
+    return out
+
+
+def _top_conjuncts(e):
+    if e is None:
+        return []
+    if isinstance(e, A.Binary) and e.op == "AND":
+        return _top_conjuncts(e.left) + _top_conjuncts(e.right)
+    return [e]

@@ -1,0 +1,515 @@
+"""Hypothesis strategies: random multilevel streams and random MLS-CQL queries.
+
+* :func:`stream_rows` — one stream's tuples in arrival order (non-decreasing
+  ``ts`` with gaps, crowded instants, levels from the whole lattice, small
+  value domains so joins and groups collide, occasional NULLs);
+* :func:`multistream` — ``{stream: rows}`` for every stream of a config;
+* :func:`queries` — query *text* accepted by ``compile_query`` at a level,
+  built by construction to be valid (window and WHERE levels dominated by the
+  query level, top-level WHERE level conjuncts meeting the window's set), and
+  covering every window kind, window level clauses, level and value
+  conditions, arithmetic, joins, grouping, aggregates and R2S operators.
+
+Works for any config; tuned for ``battlefield`` and ``chinese_wall``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from strata.config import Config, StreamSchema
+from strata.lattice import ChineseWall, Lattice
+from strata.mlscql import QueryError, compile_query
+
+__all__ = ["stream_rows", "multistream", "queries", "query_levels", "STRINGS", "DOUBLES", "LONGS"]
+
+#: small value domains: joins and groups collide often
+STRINGS = ("a", "b", "c")
+DOUBLES = (100.0, 100.0, 110.5, 120.0, 125.25, 80.0, 0.0, -2.5)
+LONGS = (0, 1, 2, 3, 5, 7, -1, -4)
+NUMERIC = ("double", "long", "timestamp")
+
+
+# ---------------------------------------------------------------------------
+# streams
+
+
+def query_levels(config: Config) -> st.SearchStrategy[str]:
+    """A query level, biased toward high levels (they see more of the data)."""
+    levels = list(config.lattice.levels)
+    high = levels[len(levels) // 2:]
+    return st.one_of(st.sampled_from(levels), st.sampled_from(high), st.just(config.lattice.top))
+
+
+def _level_strategy(lat: Lattice, levels) -> st.SearchStrategy[str]:
+    if levels is not None:
+        return st.sampled_from(sorted({lat.parse(x) for x in levels}, key=lat.levels.index))
+    all_levels = list(lat.levels)
+    # low levels are dominated by more query levels, so bias toward them
+    low = all_levels[: max(1, (len(all_levels) + 1) // 2)]
+    lowest = all_levels[:3]
+    return st.one_of(st.sampled_from(all_levels), st.sampled_from(low), st.sampled_from(lowest))
+
+
+def _value_strategy(typ: str) -> st.SearchStrategy:
+    if typ == "double":
+        return st.sampled_from(DOUBLES + (None,))
+    if typ == "long":
+        return st.sampled_from(LONGS + LONGS + (None,))
+    if typ == "timestamp":
+        return st.sampled_from((1, 2, 3, 4, 5, 1, 2, 3, 4, 5, None))
+    if typ == "boolean":
+        return st.sampled_from((True, False, True, False, None))
+    return st.sampled_from(STRINGS + STRINGS + STRINGS + (None,))
+
+
+@st.composite
+def stream_rows(
+    draw,
+    config: Config,
+    stream: str,
+    levels=None,
+    max_instants: int = 6,
+    max_per_instant: int = 8,
+    start: int = 0,
+) -> list[dict]:
+    """Tuples of ``stream`` in arrival order: ``{"ts", "level", attrs...}``."""
+    schema = config.stream(stream)
+    if schema is None:
+        raise ValueError(f"unknown stream {stream!r}")
+    lat = config.lattice
+    level_st = _level_strategy(lat, levels)
+    values = {c: _value_strategy(t) for c, t in schema.columns}
+    n = draw(st.integers(1, max_instants)) if max_instants > 0 else 0
+    ts = start
+    rows: list[dict] = []
+    for _ in range(n):
+        ts += draw(st.sampled_from((1, 1, 1, 2, 3, 5)))
+        k = draw(st.one_of(st.integers(1, 3), st.integers(0, max_per_instant)))
+        for _ in range(k):
+            row = {"ts": ts, "level": draw(level_st)}
+            for c, _t in schema.columns:
+                row[c] = draw(values[c])
+            rows.append(row)
+    return rows
+
+
+def multistream(config: Config, levels=None, max_instants: int = 6, max_per_instant: int = 8):
+    """``{stream name: rows}`` for every stream of ``config``."""
+    return st.fixed_dictionaries(
+        {
+            name: stream_rows(config, name, levels=levels, max_instants=max_instants, max_per_instant=max_per_instant)
+            for name in config.streams
+        }
+    )
+
+
+# ---------------------------------------------------------------------------
+# queries
+
+
+@dataclass
+class _Ref:
+    """One FROM item being generated."""
+
+    stream: str
+    schema: StreamSchema
+    qual: str | None  # prefix for its columns (alias or stream name); None = unqualified
+    alias: str | None
+    wset: frozenset[str] = field(default_factory=frozenset)  # rewritten window level set
+
+    def col(self, name: str) -> str:
+        return f"{self.qual}.{name}" if self.qual else name
+
+    def cols(self, *types: str) -> list[str]:
+        return [c for c, t in self.schema.columns if not types or t in types]
+
+
+_ALIASES = (("x", "y"), ("v", "w"), ("s1", "s2"), ("left_", "right_"))
+
+
+class _Gen:
+    def __init__(self, draw, config: Config, level: str):
+        self.draw = draw
+        self.config = config
+        self.lat = config.lattice
+        self.L = level
+        self.dom = self.lat.sort(self.lat.dominated(level))
+        self.upper = draw(st.booleans())  # keyword spelling
+
+    # -- small helpers -----------------------------------------------------------
+    def d(self, strategy):
+        return self.draw(strategy)
+
+    def kw(self, word: str) -> str:
+        return word.upper() if self.upper else word.lower()
+
+    def pick(self, seq):
+        return self.d(st.sampled_from(list(seq)))
+
+    def chance(self, p: float) -> bool:
+        return self.d(st.integers(0, 999)) < int(p * 1000)
+
+    def low(self, levels) -> str:
+        """A level from ``levels``, biased toward the lowest (streams are biased the same way)."""
+        ordered = sorted(levels, key=self.lat.levels.index)
+        return self.d(st.one_of(st.sampled_from(ordered), st.sampled_from(ordered[:3])))
+
+    def subset(self, seq, min_size=1) -> list:
+        seq = list(seq)
+        return self.d(st.lists(st.sampled_from(seq), min_size=min_size, max_size=max(min_size, len(seq)), unique=True))
+
+    def lvl(self, level: str, quoted_ok: bool = True) -> str:
+        """Text for a level literal: U, "S", [1,B], [0,A], '[1,B]'."""
+        if isinstance(self.lat, ChineseWall):
+            parts = list(self.lat.components(level))
+            # the grammar also lists `_|_`, but the lexer rejects it (reported); not in SEMANTICS
+            bottom = self.pick(("⊥", "⊥", "0"))
+            text = "[" + ",".join(bottom if p == "⊥" else p for p in parts) + "]"
+        else:
+            text = level
+        if quoted_ok and self.chance(0.12):
+            q = self.pick(('"', "'"))
+            return f"{q}{text}{q}"
+        return text
+
+    def lvl_set(self, levels, braces=True) -> str:
+        inner = ", ".join(self.lvl(x) for x in levels)
+        return "{" + inner + "}" if braces else "(" + inner + ")"
+
+    # -- FROM ------------------------------------------------------------------------
+    def refs(self, n: int) -> list[_Ref]:
+        names = list(self.config.streams)
+        if n == 1:
+            name = self.pick(names)
+            schema = self.config.streams[name]
+            alias = self.pick((None, None, None, "t", "src"))
+            qual = None
+            if self.chance(0.2):
+                qual = alias or name
+            return [_Ref(name, schema, qual, alias)]
+        self_join = len(names) == 1 or self.chance(0.4)
+        if self_join:
+            name = self.pick(names)
+            pair = [name, name]
+        else:
+            pair = self.d(st.lists(st.sampled_from(names), min_size=2, max_size=2, unique=True))
+        aliases = self.pick(_ALIASES)
+        out = []
+        for k, name in enumerate(pair):
+            alias = aliases[k] if self_join or self.chance(0.6) else None
+            out.append(_Ref(name, self.config.streams[name], alias or name, alias))
+        return out
+
+    def window_clause(self, ref: _Ref) -> str:
+        """Level clause text (or "") and set ``ref.wset`` to the rewritten window set."""
+        r = self.d(st.integers(0, 9))
+        where = self.kw("where") + " " if self.chance(0.1) else ""
+        if r <= 4:
+            ref.wset = frozenset(self.dom)
+            return ""
+        if r <= 6:
+            s = self.subset(self.dom)
+            ref.wset = frozenset(s)
+            return f" {where}level {self.kw('in')} {self.lvl_set(s)}"
+        if r <= 7:
+            x = self.low(self.dom)
+            ref.wset = frozenset({x})
+            return f" {where}level = {self.lvl(x)}"
+        x = self.pick(self.dom)
+        ref.wset = self.lat.dominated(x)
+        return f" {where}level {self.kw('dominated by')} {self.lvl(x)}"
+
+    def window(self, ref: _Ref, join: bool) -> str:
+        if join:
+            kinds = ("rows", "rows", "now", "now", "partition", "partition_level", "range_small")
+        else:
+            kinds = ("rows", "range", "unbounded", "none", "now", "partition", "partition_level", "range_units")
+        kind = self.pick(kinds)
+        if kind == "none":
+            ref.wset = frozenset(self.dom)
+            return ""
+        clause = self.window_clause(ref)
+        maxrows = 4 if join else 5
+        if kind == "rows":
+            spec = f"{self.kw('rows')} {self.d(st.integers(1, maxrows))}"
+        elif kind == "range":
+            unit = self.pick(("", " " + self.kw("seconds"), " " + self.kw("second"), " " + self.kw("secs")))
+            spec = f"{self.kw('range')} {self.d(st.integers(1, 4))}{unit}"
+        elif kind == "range_small":
+            spec = f"{self.kw('range')} 1"
+        elif kind == "range_units":
+            spec = self.kw("range") + " " + self.pick(
+                ("1500 MILLISECONDS", "500 ms", "0.5 seconds", "2.5 SECONDS", "1 MINUTE", "2000 milliseconds")
+            )
+        elif kind == "unbounded":
+            spec = self.kw("range unbounded")
+        elif kind == "now":
+            spec = self.kw("now")
+        elif kind == "partition":
+            attrs = self.subset(ref.cols("string", "long", "boolean", "timestamp") + ["level"], min_size=1)[:2]
+            n = self.d(st.integers(1, 2 if join else 3))
+            spec = f"{self.kw('partition by')} {', '.join(attrs)} {self.kw('rows')} {n}"
+        else:  # partition_level: PARTITION BY [attr,] level ROWS n (level clause inline or at the end)
+            attrs = ["level"]
+            if self.chance(0.3) and ref.cols("string"):
+                attrs = [self.pick(ref.cols("string")), "level"]
+            n = self.d(st.integers(1, 2 if join else 3))
+            if clause and self.chance(0.5) and not clause.lstrip().lower().startswith("where"):
+                # `[PARTITION BY level in {C} ROWS 2]`: the condition follows `level`
+                cond = clause.strip()[len("level"):]
+                return f"[{self.kw('partition by')} {', '.join(attrs)}{cond} {self.kw('rows')} {n}]"
+            spec = f"{self.kw('partition by')} {', '.join(attrs)} {self.kw('rows')} {n}"
+        return f"[{spec}{clause}]"
+
+    def from_text(self, ref: _Ref, join: bool) -> str:
+        win = self.window(ref, join)
+        name = ref.stream if self.chance(0.85) else ref.stream.lower()
+        if ref.alias is None:
+            return f"{name}{win}"
+        form = self.d(st.integers(0, 3))
+        if not win:
+            return f"{name} {ref.alias}" if form < 2 else f"{name} {self.kw('as')} {ref.alias}"
+        if form == 0:
+            return f"{name}{win} {ref.alias}"
+        if form == 1:
+            return f"{name} {win} {self.kw('as')} {ref.alias}"
+        if form == 2:
+            return f"{name} {self.kw('as')} {ref.alias} {win}"
+        return f"{name} {ref.alias} {win}"
+
+    # -- conditions -------------------------------------------------------------------
+    def level_cond(self, ref: _Ref, constrained: bool) -> str:
+        """A level condition on ``ref``; if constrained its level set meets ref.wset."""
+        col = ref.col("level")
+        w = sorted(ref.wset, key=self.lat.levels.index) if constrained else list(self.dom)
+        form = self.pick(("=", "=", "!=", "in", "in_paren", "not in", "dominated", "flipped"))
+        anchor = self.low(w)
+        if form in ("=", "flipped"):
+            x = anchor
+            return f"{col} = {self.lvl(x)}" if form == "=" else f"{self.lvl(x, quoted_ok=False)} = {col}"
+        if form == "!=":
+            others = [x for x in self.dom if not (constrained and set(w) <= {x})]
+            x = self.pick(others) if others else anchor
+            if constrained and set(w) <= {x}:
+                return f"{col} = {self.lvl(anchor)}"
+            return f"{col} {self.pick(('!=', '<>'))} {self.lvl(x)}"
+        if form in ("in", "in_paren"):
+            s = set(self.subset(self.dom)) | {anchor}
+            s = self.lat.sort(s)
+            return f"{col} {self.kw('in')} {self.lvl_set(s, braces=form == 'in')}"
+        if form == "not in":
+            cands = [x for x in self.dom if x != anchor]
+            if not cands:
+                return f"{col} = {self.lvl(anchor)}"
+            s = self.lat.sort(self.subset(cands))
+            return f"{col} {self.kw('not in')} {self.lvl_set(s)}"
+        # dominated: X ≥ anchor
+        ups = [x for x in self.dom if self.lat.leq(anchor, x)]
+        return f"{col} {self.kw('dominated by')} {self.lvl(self.pick(ups))}"
+
+    def num_lit(self, typ: str) -> str:
+        if typ == "double":
+            return self.pick(("100", "100.0", "110.5", "120", "0", "-2.5", "115.0", "90"))
+        return self.pick(("0", "1", "2", "3", "4", "-1", "5"))
+
+    def value_pred(self, refs: list[_Ref]) -> str:
+        ref = self.pick(refs)
+        numeric = ref.cols(*NUMERIC) + ["ts"]
+        strings = ref.cols("string")
+        kind = self.pick(("num", "num", "str", "null", "in") if strings else ("num", "num", "null", "in"))
+        if kind == "num":
+            c = self.pick(numeric)
+            typ = ref.schema.type_of(c)
+            op = self.pick(("<=", ">=", "!=", "<", ">", "=", ">=", "<="))
+            shape = self.d(st.integers(0, 6))
+            col = ref.col(c)
+            if shape == 0:
+                return f"{col} + 1 {op} {self.num_lit(typ)}"
+            if shape == 1:
+                return f"{col} * 2 {op} {self.num_lit(typ)}"
+            if shape == 2:
+                return f"{col} / 2 {op} {self.num_lit(typ)}"
+            if shape == 3:
+                others = [x for x in numeric if x != c]
+                if others:
+                    return f"{col} {op} {ref.col(self.pick(others))}"
+            if shape == 4:
+                k = self.pick(("2", "3"))
+                r = self.pick(("0", "1", "-1"))
+                return f"({col} - 4) % {k} = {r}"
+            return f"{col} {op} {self.num_lit(typ)}"
+        if kind == "str":
+            c = ref.col(self.pick(strings))
+            op = self.pick(("=", "!=", "<", ">=", "="))
+            q = self.pick(("'", '"'))
+            return f"{c} {op} {q}{self.pick(STRINGS)}{q}"
+        if kind == "null":
+            c = ref.col(self.pick(numeric + strings))
+            return f"{c} {self.kw('is null') if self.chance(0.25) else self.kw('is not null')}"
+        # IN list
+        if strings and self.chance(0.5):
+            c = ref.col(self.pick(strings))
+            items = ", ".join(f"'{x}'" for x in self.subset(STRINGS))
+        else:
+            c0 = self.pick(numeric)
+            c = ref.col(c0)
+            items = ", ".join(self.num_lit(ref.schema.type_of(c0)) for _ in range(self.d(st.integers(1, 3))))
+        neg = self.kw("not in") if self.chance(0.3) else self.kw("in")
+        return f"{c} {neg} ({items})"
+
+    def free_pred(self, refs: list[_Ref], depth: int = 0) -> str:
+        """Any boolean combination; level conditions here are unconstrained.
+
+        At depth 0 (a top-level conjunct of WHERE) only OR / NOT forms: the
+        optimizer treats nested ANDs and bare level conditions as conjuncts,
+        which could make the query never-output (rejected).
+        """
+        r = self.d(st.integers(0, 2)) if depth == 0 else self.d(st.integers(0, 9))
+        if depth < 2 and r <= 1:
+            return f"({self.free_pred(refs, depth + 1)} {self.kw('or')} {self.free_pred(refs, depth + 1)})"
+        if depth < 2 and r == 2:
+            return f"{self.kw('not')} ({self.free_pred(refs, depth + 1)})"
+        if depth < 2 and r == 3:
+            return f"({self.free_pred(refs, depth + 1)} {self.kw('and')} {self.free_pred(refs, depth + 1)})"
+        if r <= 5:
+            return self.level_cond(self.pick(refs), constrained=False)
+        return self.value_pred(refs)
+
+    def join_cond(self, a: _Ref, b: _Ref) -> str:
+        pairs = []
+        for ca, ta in a.schema.columns:
+            for cb, tb in b.schema.columns:
+                if ta == tb == "string":
+                    pairs.append((ca, cb))
+        same = [(x, y) for x, y in pairs if x == y]
+        if same and self.chance(0.6):
+            ca, cb = self.pick(same)
+        elif pairs and self.chance(0.9):
+            ca, cb = self.pick(pairs)
+        else:
+            ca, cb = "ts", "ts"
+        op = "=" if self.chance(0.9) else self.pick(("<=", "!="))
+        return f"{a.col(ca)} {op} {b.col(cb)}"
+
+    def where(self, refs: list[_Ref], join: bool) -> str:
+        conj = []
+        if join and self.chance(0.8):
+            conj.append(self.join_cond(*refs))
+        for ref in refs:
+            if self.chance(0.35):
+                conj.append(self.level_cond(ref, constrained=True))
+        for _ in range(self.pick((0, 0, 1, 1, 2))):
+            conj.append(self.free_pred(refs) if self.chance(0.4) else self.value_pred(refs))
+        if not conj:
+            return ""
+        conj = self.d(st.permutations(conj))
+        return f" {self.kw('where')} " + f" {self.kw('and')} ".join(conj)
+
+    # -- select list -----------------------------------------------------------------------
+    def scalar_item(self, refs: list[_Ref], k: int) -> str:
+        ref = self.pick(refs)
+        numeric = ref.cols(*NUMERIC)
+        r = self.d(st.integers(0, 7))
+        if r <= 2 or not numeric:
+            return ref.col(self.pick(ref.cols() + ["level", "ts"]))
+        c = ref.col(self.pick(numeric))
+        expr = self.pick((
+            f"{c} * 2", f"{c} + 1", f"-{c}", f"{c} / 4", f"{c} % 3", f"({c} - 100) / 3",
+            f"{c} / {ref.col(self.pick(numeric))}", f"{ref.col('ts')} % 2",
+        ))
+        return f"{expr} {self.kw('as')} e{k}" if self.chance(0.7) else expr
+
+    def agg_item(self, refs: list[_Ref], k: int) -> str:
+        ref = self.pick(refs)
+        numeric = ref.cols(*NUMERIC)
+        anyc = ref.cols("string", *NUMERIC)
+        choices = ["COUNT(*)", f"COUNT({ref.col(self.pick(anyc))})",
+                   f"MIN({ref.col(self.pick(anyc))})", f"MAX({ref.col(self.pick(anyc))})",
+                   f"SUM({ref.col('ts')})"]
+        if numeric:
+            n1, n2 = ref.col(self.pick(numeric)), ref.col(self.pick(numeric))
+            choices += [f"SUM({n1})", f"AVG({n1})", f"AVG({n1} * 2)", f"MAX({n1}) - MIN({n1})",
+                        f"SUM({n1}) / COUNT(*)", f"MIN({n2})", f"MAX({n2})", f"AVG({n2})"]
+        e = self.pick(choices)
+        if self.chance(0.25):
+            e = e.replace("COUNT", "count").replace("AVG", "avg").replace("SUM", "Sum")
+        return f"{e} {self.kw('as')} a{k}" if self.chance(0.5) else e
+
+    def having(self, refs: list[_Ref], keys: list[tuple[_Ref, str]]) -> str:
+        ref = self.pick(refs)
+        numeric = ref.cols(*NUMERIC)
+        opts = ["COUNT(*) > 1", "COUNT(*) >= 2", "COUNT(*) < 3", f"MAX({ref.col('ts')}) > 2"]
+        if numeric:
+            c = self.pick(numeric)
+            n = ref.col(c)
+            dbl = ref.schema.type_of(c) == "double"
+            opts += [f"AVG({n}) >= {'100' if dbl else '2'}", f"SUM({n}) IS NOT NULL",
+                     f"MIN({n}) < {'110.5' if dbl else '4'}", f"COUNT({n}) > 0"]
+        if ref.cols("string"):
+            opts.append(f"MAX({ref.col(self.pick(ref.cols('string')))}) != 'a'")
+        for kref, kc in keys:
+            if kc == "level":
+                opts.append(self.level_cond(kref, constrained=False))
+            elif kref.schema.type_of(kc) == "string":
+                opts.append(f"{kref.col(kc)} != 'b'")
+        h = self.pick(opts)
+        if self.chance(0.3):
+            h = f"({h} {self.kw(self.pick(('or', 'and')))} {self.pick(opts)})"
+        return f" {self.kw('having')} {h}"
+
+    # -- whole query --------------------------------------------------------------------------
+    def query(self) -> str:
+        shape = self.pick(("single", "single", "single_agg", "single_agg", "join", "join_agg"))
+        join = shape.startswith("join")
+        refs = self.refs(2 if join else 1)
+        from_ = ", ".join(self.from_text(r, join) for r in refs)
+        where = self.where(refs, join)
+        group = having = ""
+        if shape.endswith("agg"):
+            keys: list[tuple[_Ref, str]] = []
+            if self.chance(0.6):
+                for _ in range(self.d(st.integers(1, 2))):
+                    ref = self.pick(refs)
+                    c = self.pick(ref.cols("string", "long", "timestamp") + ["level", "level"])
+                    if (ref, c) not in keys:
+                        keys.append((ref, c))
+            items = [ref.col(c) for ref, c in keys if self.chance(0.8)]
+            n_agg = self.d(st.integers(0 if keys else 1, 3))
+            items += [self.agg_item(refs, k) for k in range(n_agg)]
+            if not items:
+                items = ["COUNT(*)"]
+            items = list(self.d(st.permutations(items)))
+            select = ", ".join(items)
+            if keys:
+                group = f" {self.kw('group by')} " + ", ".join(ref.col(c) for ref, c in keys)
+            if self.chance(0.4):
+                having = self.having(refs, keys)
+        elif self.chance(0.15):
+            select = "*"
+        else:
+            select = ", ".join(self.scalar_item(refs, k) for k in range(self.d(st.integers(1, 3))))
+        r2s = self.pick((None, None, None, "ISTREAM", "RSTREAM", "DSTREAM", "w:ISTREAM", "w:RSTREAM", "w:DSTREAM"))
+        if r2s and not r2s.startswith("w:"):
+            select = f"{self.kw(r2s)} {select}"
+        text = f"{self.kw('select')} {select} {self.kw('from')} {from_}{where}{group}{having}"
+        if r2s and r2s.startswith("w:"):
+            text = f"{self.kw(r2s[2:])}({text})"
+        if self.chance(0.1):
+            text += ";"
+        return text
+
+
+@st.composite
+def queries(draw, config: Config, level: str) -> str:
+    """Random MLS-CQL text that ``compile_query(text, config, level)`` accepts."""
+    lvl = config.lattice.parse(level)
+    text = _Gen(draw, config, lvl).query()
+    try:
+        compile_query(text, config, lvl)
+    except QueryError:
+        assume(False)
+    return text
