@@ -20,6 +20,7 @@ class WorkerEntry:
     cpu: float  # 0..100
     last_seen: float
     state: str = "ready"
+    pid: int = 0
     in_flight: set[int] = field(default_factory=set)
     done: int = 0
 
@@ -34,12 +35,12 @@ class Dispatcher:
         self._rr = 0
 
     # -- group table --------------------------------------------------------------
-    def heartbeat(self, sid: str, cpu: float, now: float, state: str = "ready") -> None:
+    def heartbeat(self, sid: str, cpu: float, now: float, state: str = "ready", pid: int = 0) -> None:
         e = self.table.get(sid)
         if e is None:
-            self.table[sid] = WorkerEntry(sid, float(cpu), now, state)
+            self.table[sid] = WorkerEntry(sid, float(cpu), now, state, pid)
         else:
-            e.cpu, e.last_seen, e.state = float(cpu), now, state
+            e.cpu, e.last_seen, e.state, e.pid = float(cpu), now, state, pid
 
     def expire(self, now: float) -> list[int]:
         """Drop workers silent for longer than ``timeout``; return their chunks."""
@@ -63,15 +64,29 @@ class Dispatcher:
             if e.cpu < self.cpu_threshold and e.state == "ready" and len(e.in_flight) < self.max_in_flight
         ]
 
-    def pick(self) -> str | None:
-        """A non-busy worker for the next chunk, or None if all are busy."""
+    def pick(self, starving: bool = False) -> str | None:
+        """A non-busy worker for the next chunk, or None if all are busy.
+
+        ``starving``: every worker has reported CPU >= threshold for a while (on
+        a shared host the load may be the cluster's own); rather than stall,
+        the least loaded worker with room takes the chunk.  A busy worker
+        still never gets a chunk while another is below the threshold.
+        """
         cands = self.eligible()
+        all_busy = all(e.cpu >= self.cpu_threshold for e in self.table.values())
+        if not cands and starving and all_busy:
+            cands = [e for e in self.table.values() if e.state == "ready" and len(e.in_flight) < self.max_in_flight]
         if not cands:
             return None
-        cands.sort(key=lambda e: (len(e.in_flight), e.cpu, e.sid))
-        best = [e for e in cands if len(e.in_flight) == len(cands[0].in_flight)]
+        # fewest chunks in flight, then CPU in 10 % buckets, then round robin
         self._rr += 1
-        return best[self._rr % len(best)].sid
+        order = sorted(self.table)
+        rot = {sid: (i - self._rr) % len(order) for i, sid in enumerate(order)}
+        if starving:
+            best = min(cands, key=lambda e: (len(e.in_flight), e.cpu, rot[e.sid]))
+        else:
+            best = min(cands, key=lambda e: (len(e.in_flight), int(e.cpu // 10), rot[e.sid]))
+        return best.sid
 
     def assign(self, chunk_id: int, sid: str) -> None:
         prev = self._owner.get(chunk_id)

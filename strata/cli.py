@@ -167,5 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover - `python -m strata` is the entry point
+    from strata.cli import main as _main
+
+    sys.exit(_main())

@@ -14,7 +14,7 @@ from .conftest import BATTLEFIELD_TOML, CHINESE_WALL_TOML
 
 def strata(*args, input=None):
     return subprocess.run(
-        [sys.executable, "-m", "strata.cli", *args], input=input, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "strata", *args], input=input, capture_output=True, text=True, timeout=120
     )
 
 

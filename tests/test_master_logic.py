@@ -64,20 +64,29 @@ def test_busy_worker_gets_no_chunk_while_others_are_free():
     d = Dispatcher()
     d.heartbeat("w1", cpu=95.0, now=0)
     d.heartbeat("w2", cpu=10.0, now=0)
-    d.heartbeat("w3", cpu=89.9, now=0)
+    d.heartbeat("w3", cpu=12.0, now=0)
+    d.heartbeat("w4", cpu=89.9, now=0)
     picks = set()
     for cid in range(4):
         sid = d.pick()
         picks.add(sid)
         d.assign(cid, sid)
         d.complete(cid)
-    assert picks == {"w2", "w3"}
+    assert "w1" not in picks
+    assert picks == {"w2", "w3"}  # similarly loaded free workers share the chunks
 
 
-def test_all_busy_means_wait():
+def test_all_busy_means_wait_then_least_loaded():
     d = Dispatcher()
     d.heartbeat("w1", cpu=90.0, now=0)
+    d.heartbeat("w2", cpu=99.0, now=0)
     assert d.pick() is None
+    assert d.pick(starving=True) == "w1"
+    d.heartbeat("w3", cpu=20.0, now=0)
+    assert d.pick(starving=True) == "w3"  # a free worker always wins
+    for cid in range(d.max_in_flight):
+        d.assign(cid, "w3")
+    assert d.pick(starving=True) is None  # w3 is merely at its in-flight limit: wait for it
 
 
 def test_in_flight_limit_and_least_loaded():

@@ -1,0 +1,251 @@
+"""The master process: gRPC front for clients, dispatch thread for workers.
+
+Thin by design: :class:`MasterServicer` translates messages to
+:class:`MasterCore` calls; :class:`Dispatcher thread <DispatchLoop>` moves
+chunk bytes to workers and results back.  All decisions live in the core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pyarrow as pa
+
+from strata.chunking.codec import decode_result, encode_chunk
+from strata.groups import AUTH_HEADER, sign_request
+from strata.mlscql import QueryError
+from strata.rpc import strata_pb2 as pb
+from strata.rpc import strata_pb2_grpc as rpc
+from strata.users import AuthError
+from strata.worker.server import MAX_MESSAGE, execute_digest
+
+from .core import MasterCore
+from .sessions import Sessions
+
+__all__ = ["MasterServicer", "DispatchLoop", "serve_master", "arrow_bytes", "arrow_table"]
+
+log = logging.getLogger("strata.master")
+MAX_INGEST_ROWS = 1_000_000
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def arrow_table(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+class MasterServicer(rpc.MasterServicer):
+    def __init__(self, core: MasterCore, sessions: Sessions):
+        self.core = core
+        self.sessions = sessions
+
+    def _session(self, context):
+        md = dict(context.invocation_metadata())
+        auth = md.get("authorization", "")
+        token = auth[7:] if auth.lower().startswith("bearer ") else None
+        try:
+            return self.sessions.check(token)
+        except AuthError as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+
+    def Login(self, request, context):
+        try:
+            s = self.sessions.login(request.user, request.password, request.level)
+        except AuthError as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+        return pb.LoginReply(token=s.token, level=s.principal.level, master_level=self.core.level)
+
+    def Logout(self, request, context):
+        md = dict(context.invocation_metadata())
+        self.sessions.logout(md.get("authorization", "")[7:])
+        return pb.Empty()
+
+    def Register(self, request, context):
+        s = self._session(context)
+        try:
+            infos = self.core.register(s.principal.user, list(request.queries))
+        except QueryError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.RegisterReply(queries=[
+            pb.RegisteredQuery(query_id=i.query_id, rewritten=i.rewritten, r2s=i.r2s, columns=i.columns)
+            for i in infos
+        ])
+
+    def Subscribe(self, request, context):
+        s = self._session(context)
+        mine = [q for q, info in self.core.queries.items() if info.owner == s.principal.user]
+        qids = list(request.query_ids) or mine
+        for q in qids:
+            if q not in mine:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"query {q} is not one of this user's queries")
+        cursor: dict[str, int] = {}
+        after = request.resume_after_ts
+        while context.is_active():
+            released, done = self.core.wait_results(qids, cursor, timeout=0.5)
+            for r in released:
+                if r.last_ts <= after:
+                    continue
+                rows = r.rows
+                if after >= 0 and r.first_ts <= after:
+                    import pyarrow.compute as pc
+
+                    rows = rows.filter(pc.greater(rows.column("ts"), after))
+                yield pb.ResultBatch(query_id=r.query_id, first_ts=r.first_ts, last_ts=r.last_ts,
+                                     arrow=arrow_bytes(rows))
+            if done:
+                for q in qids:
+                    yield pb.ResultBatch(query_id=q, end=True)
+                return
+
+    def Ingest(self, request_iterator, context):
+        s = self._session(context)
+        accepted = dropped = rejected = 0
+        for batch in request_iterator:
+            try:
+                table = arrow_table(batch.arrow)
+                if table.num_rows > MAX_INGEST_ROWS:
+                    raise ValueError(f"batch of {table.num_rows} rows exceeds {MAX_INGEST_ROWS}")
+                source = None if batch.labelled else s.principal.level
+                a, d = self.core.ingest(batch.stream, table, source)
+                accepted += a
+                dropped += d
+            except (ValueError, pa.ArrowInvalid) as e:
+                rejected += 1
+                return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected,
+                                      error=str(e).splitlines()[0])
+        return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected)
+
+    def Advance(self, request, context):
+        self._session(context)
+        n = self.core.advance(request.upto_ts, finish=request.finish)
+        return pb.AdvanceReply(chunks=n)
+
+    def Status(self, request, context):
+        self._session(context)
+        st = self.core.status()
+        workers = [pb.WorkerStatus(sid=w["sid"], cpu=w["cpu"], pid=w.get("pid", 0), state=w["state"],
+                                   chunks_done=w["done"], in_flight=w["in_flight"]) for w in st["workers"]]
+        rejected = {k: int(v) for k, v in st["rejected"].items()}
+        rejected.update({f"shepherd:{k}": int(v) for k, v in st["dropped_by_shepherd"].items()})
+        return pb.StatusReply(level=st["level"], workers=workers, backlog_chunks=st["backlog_chunks"],
+                              lag_seconds=st["lag_instants"], rejected=rejected,
+                              counters={k: int(v) for k, v in st["counters"].items()})
+
+
+class DispatchLoop:
+    """Sends ready chunks to workers (async gRPC) and feeds results back to the core."""
+
+    def __init__(self, core: MasterCore, key: bytes, member, rpc_deadline: float = 30.0, credentials=None):
+        self.core = core
+        self.key = key
+        self.member = member
+        self.rpc_deadline = rpc_deadline
+        self.credentials = credentials
+        self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        with self.core.cond:
+            self.core.cond.notify_all()
+        self._thread.join(timeout=5)
+
+    def _stub(self, sid: str) -> rpc.WorkerStub:
+        if sid not in self._stubs:
+            opts = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+            ch = grpc.secure_channel(sid, self.credentials, opts) if self.credentials else grpc.insecure_channel(sid, opts)
+            self._stubs[sid] = rpc.WorkerStub(ch)
+        return self._stubs[sid]
+
+    def _sync_group(self) -> None:
+        for sid, hb in self.member.snapshot().items():
+            self.core.heartbeat(sid, hb.cpu, hb.state, hb.pid)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sync_group()
+            self.core.expire()
+            sent = self.core.assignments()
+            for chunk, sid in sent:
+                self._send(chunk, sid)
+            if not sent:
+                with self.core.cond:
+                    self.core.cond.wait(0.05)
+
+    def _send(self, chunk, sid: str) -> None:
+        specs = [pb.QuerySpec(query_id=qc.query_id, text=self.core.queries[qc.query_id].text, level=self.core.level)
+                 for qc in chunk.queries if qc.query_id in self.core.queries]
+        req = pb.ExecuteRequest(level=self.core.level, queries=specs, chunk=encode_chunk(chunk))
+        md = ((AUTH_HEADER, sign_request(self.key, self.core.level, execute_digest(req))),)
+        fut = self._stub(sid).Execute.future(req, timeout=self.rpc_deadline, metadata=md)
+        cid = chunk.chunk_id
+
+        def done(f):
+            try:
+                reply = f.result()
+            except grpc.RpcError as e:
+                code = e.code()
+                log.warning("chunk %s on %s failed: %s %s", cid, sid, code, e.details())
+                self.core.on_failure(cid, sid, drop_worker=code in (grpc.StatusCode.UNAVAILABLE,))
+                return
+            self.core.on_result(cid, sid, [decode_result(b) for b in reply.results])
+
+        fut.add_done_callback(done)
+
+
+def build_master_server(servicer: MasterServicer, listen: str, credentials=None):
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16),
+        options=[("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.so_reuseport", 0)],
+    )
+    rpc.add_MasterServicer_to_server(servicer, server)
+    host = listen.rsplit(":", 1)[0]
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, f"{host}:{port}"
+
+
+def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
+                 ready=None, stop_event: threading.Event | None = None) -> None:
+    from strata.worker.group import GroupMember
+
+    core = MasterCore(config, level, chunk_instants=chunk_instants)
+    sessions = Sessions(users, core.level)
+    servicer = MasterServicer(core, sessions)
+    server, address = build_master_server(servicer, listen)
+    member = GroupMember(spec, sid=address, role="master")
+    member.state = "master"
+    loop = DispatchLoop(core, spec.key, member)
+    server.start()
+    member.start()
+    loop.start()
+    log.info("master %s level %s serving", address, level)
+    stop = stop_event or threading.Event()
+    if stop_event is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    if ready is not None:
+        ready(address, core, member)
+    try:
+        stop.wait()
+    finally:
+        loop.stop()
+        member.stop()
+        server.stop(grace=2).wait()

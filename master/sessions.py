@@ -1,0 +1,92 @@
+"""Client sessions: password login at the master's level, bearer tokens, throttling."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from strata.users import AuthError, Principal, UserStore
+
+__all__ = ["Sessions", "Session"]
+
+
+@dataclass
+class Session:
+    token: str
+    principal: Principal
+    created: float
+    last_used: float
+
+
+class Sessions:
+    """Login level must equal the master's level; the clearance may be higher."""
+
+    def __init__(self, store: UserStore, level: str, ttl: float = 12 * 3600,
+                 max_failures: int = 5, lockout: float = 30.0, clock=time.monotonic):
+        self.store = store
+        self.level = level
+        self.ttl = ttl
+        self.max_failures = max_failures
+        self.lockout = lockout
+        self._clock = clock
+        self._by_token: dict[str, Session] = {}
+        self._failures: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+        self.failed_logins = 0
+
+    def login(self, user: str, password: str, level: str) -> Session:
+        now = self._clock()
+        with self._lock:
+            n, since = self._failures.get(user, (0, now))
+            if n >= self.max_failures and now - since < self.lockout:
+                self.failed_logins += 1
+                raise AuthError(f"login failed: too many failed attempts; retry in {self.lockout - (now - since):.0f} s")
+        try:
+            lv = self.store.lattice.parse(level) if level else self.level
+        except ValueError:
+            lv = level
+        try:
+            if lv != self.level:
+                raise AuthError(f"login failed: this master serves level {self.level}; log in at that level")
+            principal = self.store.authenticate(user, password, lv)
+        except AuthError:
+            with self._lock:
+                n, since = self._failures.get(user, (0, now))
+                self._failures[user] = (n + 1, now if n == 0 or now - since >= self.lockout else since)
+                self.failed_logins += 1
+            raise
+        with self._lock:
+            self._failures.pop(user, None)
+            s = Session(secrets.token_urlsafe(32), principal, now, now)
+            self._by_token[s.token] = s
+        return s
+
+    def check(self, token: str | None) -> Session:
+        now = self._clock()
+        with self._lock:
+            s = self._by_token.get(token or "")
+            if s is None or now - s.created > self.ttl:
+                if s is not None:
+                    del self._by_token[s.token]
+                raise AuthError("invalid or expired session token")
+            s.last_used = now
+            return s
+
+    def logout(self, token: str) -> None:
+        with self._lock:
+            self._by_token.pop(token, None)
+
+    def restore(self, token: str, principal: Principal, created: float | None = None) -> None:
+        now = self._clock()
+        with self._lock:
+            self._by_token[token] = Session(token, principal, created if created is not None else now, now)
+
+    def end_user(self, user: str) -> int:
+        """End every session of a user (revocation); returns how many ended."""
+        with self._lock:
+            gone = [t for t, s in self._by_token.items() if s.principal.user == user]
+            for t in gone:
+                del self._by_token[t]
+        return len(gone)

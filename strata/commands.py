@@ -1,0 +1,536 @@
+"""Cluster subcommands of ``strata``: worker, master, up, down, status, query, ingest, replay, demo."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .cli import EXIT_ERROR, EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError, _config
+
+__all__ = ["register_all", "start_cluster", "stop_cluster"]
+
+
+def _progress(msg: str) -> None:
+    print(f"[strata] {msg}", file=sys.stderr, flush=True)
+
+
+def _free_udp_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _spec(args, cfg, create_key: bool = False):
+    from .groups import group_spec
+
+    spec = group_spec(cfg, args.level, Path(args.state_dir) if args.state_dir else None, create_key=create_key)
+    if getattr(args, "multicast_port", None):
+        from dataclasses import replace
+
+        spec = replace(spec, port=int(args.multicast_port))
+    return spec
+
+
+def _ready_writer(path: str | None, role: str):
+    def ready(address, core, member):
+        if path:
+            tmp = Path(path + ".tmp")
+            tmp.write_text(json.dumps({"role": role, "address": address, "pid": os.getpid()}))
+            tmp.replace(path)
+        _progress(f"{role} listening on {address}")
+
+    return ready
+
+
+# ---- processes ---------------------------------------------------------------------
+def cmd_worker(args) -> int:
+    from strata.worker.server import serve_worker
+
+    cfg = _config(args)
+    spec = _spec(args, cfg)
+    serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
+                 ready=_ready_writer(args.ready_file, "worker"))
+    return EXIT_OK
+
+
+def cmd_master(args) -> int:
+    from strata.master.server import serve_master
+    from strata.users import UserStore
+
+    cfg = _config(args)
+    spec = _spec(args, cfg)
+    users = UserStore(cfg.users_path, cfg.lattice)
+    chunk_instants = max(1, round(args.chunk_seconds / cfg.instant_seconds))
+    serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
+                 ready=_ready_writer(args.ready_file, "master"))
+    return EXIT_OK
+
+
+# ---- embedded cluster ------------------------------------------------------------------
+def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
+                  multicast_port: int | None = None, spark_master: str = "local[1]", timeout: float = 180.0,
+                  worker_env: dict[int, dict] | None = None) -> dict:
+    """Start one master and ``workers`` workers per level as background processes.
+
+    ``worker_env``: extra environment per worker index (e.g. an injected CPU reading).
+    """
+    from .config import load_config
+    from .groups import group_spec, level_slug
+
+    cfg = load_config(config)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "logs").mkdir(exist_ok=True)
+    (state_dir / "run").mkdir(exist_ok=True)
+    port = multicast_port or _free_udp_port()
+    levels = [cfg.lattice.parse(lv) for lv in levels]
+    for lv in levels:
+        group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
+    procs = []
+    base = [sys.executable, "-m", "strata"]
+    for lv in levels:
+        slug = level_slug(lv)
+        roles = [("master", f"master-{slug}")] + [("worker", f"worker-{slug}-{i}") for i in range(workers)]
+        for role, name in roles:
+            ready = state_dir / "run" / f"{name}.json"
+            ready.unlink(missing_ok=True)
+            cmd = base + [role, "--config", str(Path(config).resolve()), "--level", lv, "--listen", "127.0.0.1:0",
+                          "--state-dir", str(state_dir.resolve()), "--multicast-port", str(port),
+                          "--ready-file", str(ready)]
+            if role == "master":
+                cmd += ["--chunk-seconds", str(chunk_seconds)]
+            else:
+                cmd += ["--spark-master", spark_master]
+            log = open(state_dir / "logs" / f"{name}.log", "ab")
+            env = None
+            if role == "worker" and worker_env and int(name.rsplit("-", 1)[1]) in worker_env:
+                env = {**os.environ, **worker_env[int(name.rsplit("-", 1)[1])]}
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, env=env)
+            procs.append({"name": name, "role": role, "level": lv, "pid": p.pid, "ready": str(ready)})
+    record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs}
+    (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
+    deadline = time.monotonic() + timeout
+    pending = {p["name"] for p in procs}
+    last = -1
+    while pending and time.monotonic() < deadline:
+        for p in procs:
+            if p["name"] in pending and Path(p["ready"]).exists():
+                info = json.loads(Path(p["ready"]).read_text())
+                p["address"] = info["address"]
+                pending.discard(p["name"])
+            elif p["name"] in pending and not _alive(p["pid"]):
+                stop_cluster(state_dir)
+                log = (state_dir / "logs" / f"{p['name']}.log").read_text(errors="replace")[-2000:]
+                raise CliError(f"{p['name']} exited during start-up; log tail:\n{log}")
+        if len(pending) != last:
+            last = len(pending)
+            _progress(f"starting cluster: {len(procs) - len(pending)}/{len(procs)} processes ready")
+        time.sleep(0.2)
+    if pending:
+        stop_cluster(state_dir)
+        raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
+    (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
+    return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"}}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def stop_cluster(state_dir: Path, timeout: float = 15.0) -> int:
+    f = state_dir / "cluster.json"
+    if not f.exists():
+        return 0
+    procs = json.loads(f.read_text())["processes"]
+    for p in procs:
+        try:
+            os.killpg(p["pid"], signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p["pid"]) for p in procs):
+        time.sleep(0.1)
+    for p in procs:
+        if _alive(p["pid"]):
+            try:
+                os.killpg(p["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    f.unlink()
+    return len(procs)
+
+
+def cmd_up(args) -> int:
+    levels = [x.strip() for x in args.levels.split(",") if x.strip()]
+    out = start_cluster(args.config, levels, args.workers, Path(args.state_dir), args.chunk_seconds,
+                        args.multicast_port or None)
+    print(json.dumps(out))
+    return EXIT_OK
+
+
+def cmd_down(args) -> int:
+    n = stop_cluster(Path(args.state_dir))
+    _progress(f"stopped {n} processes" if n else "nothing running there")
+    return EXIT_OK
+
+
+# ---- client commands ----------------------------------------------------------------------
+def _password() -> str:
+    pw = os.environ.get("STRATA_PASSWORD")
+    if pw is None:
+        if sys.stdin is not None and sys.stdin.isatty():
+            import getpass
+
+            return getpass.getpass("password: ")
+        raise CliError("set STRATA_PASSWORD (or run interactively)", EXIT_LOGIN)
+    return pw
+
+
+def _login(address: str, user: str, level: str = ""):
+    from .client import Client, ClientError, LoginFailed
+
+    c = Client(address)
+    try:
+        c.login(user, _password(), level)
+    except LoginFailed as e:
+        c.close()
+        raise CliError(str(e), EXIT_LOGIN) from None
+    except ClientError as e:
+        c.close()
+        raise CliError(f"cannot reach master {address}: {e}") from None
+    return c
+
+
+def cmd_status(args) -> int:
+    c = _login(args.master, args.user)
+    st = c.status()
+    out = {
+        "level": st.level,
+        "workers": [{"sid": w.sid, "cpu": w.cpu, "pid": w.pid, "state": w.state,
+                     "chunks_done": w.chunks_done, "in_flight": w.in_flight} for w in st.workers],
+        "backlog": st.backlog_chunks,
+        "lag": st.lag_seconds,
+        "rejected": dict(st.rejected),
+        "counters": dict(st.counters),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"level {out['level']}: {len(out['workers'])} workers, backlog {out['backlog']} chunks, lag {out['lag']}")
+        for w in out["workers"]:
+            print(f"  {w['sid']}  cpu {w['cpu']:5.1f}%  {w['state']}  done {w['chunks_done']}  in flight {w['in_flight']}")
+        if out["rejected"]:
+            print("  rejected: " + ", ".join(f"{k}={v}" for k, v in out["rejected"].items()))
+    c.close()
+    return EXIT_OK
+
+
+def _register(c, queries: list[str]):
+    from .client import QueryRejected
+
+    try:
+        regs = c.register(queries)
+    except QueryRejected as e:
+        raise CliError(str(e).replace("\n", " "), EXIT_REJECTED) from None
+    for r in regs:
+        _progress(f"{r.query_id}: {r.rewritten}")
+    return regs
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def cmd_query(args) -> int:
+    c = _login(args.master, args.user)
+    regs = _register(c, args.query)
+    names = {r.query_id: list(r.columns) for r in regs}
+    writer = csv.writer(sys.stdout) if args.format == "csv" else None
+    if writer:
+        for r in regs:
+            writer.writerow(["query", "ts", "level", *r.columns])
+    try:
+        for qid, table in c.subscribe([r.query_id for r in regs]):
+            if table is None:
+                continue
+            for row in table.to_pylist():
+                if writer:
+                    writer.writerow([qid, row["ts"], row["level"], *[_fmt(row[n]) for n in names[qid]]])
+                else:
+                    print(json.dumps({"query": qid, **row}, default=str))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
+    return EXIT_OK
+
+
+def read_input(cfg, stream: str, path: str):
+    """A replay/ingest file: CSV with header ts,level,<attributes> (or JSON lines)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+
+    from strata.chunking.chunker import ARROW_TYPES
+
+    schema = cfg.stream(stream)
+    if schema is None:
+        raise CliError(f"unknown stream {stream!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
+    types = {"ts": pa.int64(), "level": pa.string()}
+    types.update({c: ARROW_TYPES[t] for c, t in schema.columns})
+    try:
+        if path.endswith((".jsonl", ".json")):
+            table = pjson.read_json(path, parse_options=pjson.ParseOptions(explicit_schema=pa.schema(types)))
+        else:
+            table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
+                                                                             quoted_strings_can_be_null=False))
+    except (OSError, pa.ArrowInvalid) as e:
+        raise CliError(f"{path}: {str(e).splitlines()[0]}") from None
+    return schema.name, table
+
+
+def _parse_inputs(cfg, specs: list[str]):
+    out = []
+    for spec in specs:
+        if "=" not in spec:
+            raise CliError(f"--input must be STREAM=FILE, got {spec!r}", EXIT_REJECTED)
+        s, f = spec.split("=", 1)
+        out.append(read_input(cfg, s, f))
+    return out
+
+
+def _batches(inputs, rows: int = 65536):
+    for stream, table in inputs:
+        for off in range(0, table.num_rows, rows):
+            yield stream, table.slice(off, rows)
+
+
+def cmd_ingest(args) -> int:
+    cfg = _config(args)
+    inputs = _parse_inputs(cfg, args.input)
+    c = _login(args.master, args.user)
+    total = sum(t.num_rows for _, t in inputs)
+    sent = 0
+    t0 = time.monotonic()
+
+    def paced():
+        nonlocal sent
+        for stream, t in _batches(inputs, rows=max(1, min(65536, int(args.rate) if args.rate else 65536))):
+            if args.rate:
+                wait = t0 + sent / args.rate - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            sent += t.num_rows
+            yield stream, t
+
+    reply = c.ingest(paced(), labelled=args.labelled)
+    if args.finish:
+        c.advance(finish=True)
+    c.close()
+    _progress(f"sent {sent}/{total} tuples: accepted {reply.accepted}, dropped by shepherd "
+              f"{reply.dropped_by_shepherd}, rejected batches {reply.rejected}")
+    if reply.error:
+        raise CliError(f"ingest stopped: {reply.error}", EXIT_REJECTED)
+    return EXIT_OK
+
+
+def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
+           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None) -> int:
+    from .config import load_config
+
+    cfg = load_config(config_path)
+    data = _parse_inputs(cfg, inputs)
+    tmp = None
+    if master is None:
+        if level is None:
+            from .users import UserStore
+
+            u = UserStore(cfg.users_path, cfg.lattice).load().get(user)
+            if u is None:
+                raise CliError("login failed: unknown user or wrong password", EXIT_LOGIN)
+            level = u.clearance
+        tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
+        _progress(f"starting an embedded cluster at level {level} with {workers} workers")
+        master = start_cluster(config_path, [level], workers, tmp, chunk_seconds)["masters"][cfg.lattice.parse(level)]
+    try:
+        c = _login(master, user, level or "")
+        regs = _register(c, queries)
+        results: dict[str, list] = {r.query_id: [] for r in regs}
+        error: list[BaseException] = []
+
+        def collect():
+            try:
+                for qid, table in c.subscribe([r.query_id for r in regs]):
+                    if table is not None:
+                        results[qid].append(table)
+            except BaseException as e:  # pragma: no cover - surfaced below
+                error.append(e)
+
+        th = threading.Thread(target=collect, daemon=True)
+        th.start()
+        total = sum(t.num_rows for _, t in data)
+        _progress(f"replaying {total} tuples")
+        reply = c.ingest(_batches(data), labelled=True)
+        if reply.error:
+            raise CliError(f"input rejected: {reply.error}", EXIT_REJECTED)
+        c.advance(finish=True)
+        t0 = time.monotonic()
+        while th.is_alive():
+            th.join(timeout=5)
+            if th.is_alive():
+                st = c.status()
+                _progress(f"waiting for results: backlog {st.backlog_chunks} chunks ({time.monotonic() - t0:.0f} s)")
+        if error:
+            raise CliError(f"result stream failed: {error[0]}")
+        _write_outputs(output, regs, results)
+        c.close()
+        _progress(f"accepted {reply.accepted} tuples ({reply.dropped_by_shepherd} above level {c.level} dropped); "
+                  f"wrote {output}")
+    finally:
+        if tmp is not None:
+            stop_cluster(tmp)
+    return EXIT_OK
+
+
+def _write_outputs(output: str, regs, results) -> None:
+    out = Path(output)
+    targets = [(out, regs[0])] if len(regs) == 1 else [(out / f"q{i + 1}.csv", r) for i, r in enumerate(regs)]
+    if len(regs) > 1:
+        out.mkdir(parents=True, exist_ok=True)
+    for path, r in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["ts", "level", *r.columns])
+            for t in results[r.query_id]:
+                cols = [t.column(i).to_pylist() for i in range(t.num_columns)]
+                for row in zip(*cols):
+                    w.writerow([_fmt(v) for v in row])
+
+
+def cmd_replay(args) -> int:
+    if args.master is None and args.workers < 1:
+        raise CliError("--workers must be at least 1", EXIT_REJECTED)
+    return replay(args.config, args.user, args.level, args.query, args.input, args.output, args.workers,
+                  args.chunk_seconds, args.master)
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.dir), workers=args.workers)
+
+
+# ---- registration ------------------------------------------------------------------------------
+def register_all(extensions: list) -> None:
+    extensions.append(_add)
+
+
+def _add(sub) -> None:
+    def common(p, level=True):
+        p.add_argument("--config", required=True)
+        if level:
+            p.add_argument("--level", required=True)
+        p.add_argument("--state-dir", help="where keys, logs and state live")
+        p.add_argument("--multicast-port", type=int, help="override the group's multicast port")
+        p.add_argument("--ready-file", help=argparse_suppress())
+
+    w = sub.add_parser("worker", help="run a worker of one level (gRPC + Spark + group heartbeats)")
+    common(w)
+    w.add_argument("--listen", default="127.0.0.1:0")
+    w.add_argument("--spark-master", default=os.environ.get("STRATA_SPARK_MASTER", "local[1]"))
+    w.set_defaults(func=cmd_worker)
+
+    m = sub.add_parser("master", help="run the master of one level")
+    common(m)
+    m.add_argument("--listen", default="127.0.0.1:0")
+    m.add_argument("--chunk-seconds", type=float, default=1.0)
+    m.set_defaults(func=cmd_master)
+
+    up = sub.add_parser("up", help="start an embedded local cluster in the background")
+    up.add_argument("--config", required=True)
+    up.add_argument("--levels", required=True, help="comma-separated levels, one group each")
+    up.add_argument("--workers", type=int, default=2)
+    up.add_argument("--state-dir", required=True)
+    up.add_argument("--chunk-seconds", type=float, default=1.0)
+    up.add_argument("--multicast-port", type=int, default=0)
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop what `strata up` started in a state dir")
+    down.add_argument("--state-dir", required=True)
+    down.set_defaults(func=cmd_down)
+
+    st = sub.add_parser("status", help="the group of a master's level")
+    st.add_argument("--config", required=True)
+    st.add_argument("--master", required=True)
+    st.add_argument("--user", required=True)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    q = sub.add_parser("query", help="register queries and stream results (Ctrl-C to stop)")
+    q.add_argument("--config", required=True)
+    q.add_argument("--master", required=True)
+    q.add_argument("--user", required=True)
+    q.add_argument("--query", action="append", required=True)
+    q.add_argument("--format", choices=["csv", "json"], default="csv")
+    q.set_defaults(func=cmd_query)
+
+    ing = sub.add_parser("ingest", help="send a CSV/JSONL file of tuples to a master")
+    ing.add_argument("--config", required=True)
+    ing.add_argument("--master", required=True)
+    ing.add_argument("--user", required=True)
+    ing.add_argument("--input", action="append", required=True, help="STREAM=FILE")
+    ing.add_argument("--rate", type=float, default=0, help="tuples per second (0: as fast as possible)")
+    ing.add_argument("--labelled", action="store_true", help="rows carry their own level column")
+    ing.add_argument("--finish", action="store_true", help="close all instants after sending")
+    ing.set_defaults(func=cmd_ingest)
+
+    r = sub.add_parser("replay", help="replay files through a cluster and write every result")
+    r.add_argument("--config", required=True)
+    r.add_argument("--user", required=True)
+    r.add_argument("--level")
+    r.add_argument("--query", action="append", required=True)
+    r.add_argument("--input", action="append", required=True, help="STREAM=FILE.csv")
+    r.add_argument("--output", required=True)
+    r.add_argument("--workers", type=int, default=2)
+    r.add_argument("--chunk-seconds", type=float, default=1.0)
+    r.add_argument("--master")
+    r.set_defaults(func=cmd_replay)
+
+    d = sub.add_parser("demo", help="the main job: battlefield replay on an embedded cluster")
+    d.add_argument("--dir", default="out/demo")
+    d.add_argument("--workers", type=int, default=2)
+    d.set_defaults(func=cmd_demo)
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS

@@ -1,0 +1,106 @@
+"""Per-level group settings and the group key that authenticates group members.
+
+From the configuration::
+
+    [groups."S"]
+    address = "239.255.10.3"     # multicast group of the S level (default: derived from the level)
+    port = 47000                 # multicast port (default [cluster] multicast_port or 47000)
+    interface = "127.0.0.1"      # interface heartbeats go out on (default loopback only)
+    ttl = 0                      # 0: this host only; 1: one hop (a bridge between hosts)
+    key_file = "keys/S.key"      # 32+ random bytes, hex; relative to the config file
+
+Without a key in the configuration, ``strata up`` generates one per level in
+its state directory.  The key authenticates heartbeats (HMAC) and
+master→worker calls (HMAC over the request), so a process of another level, or
+one without the key, can neither join nor drive a group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import time
+from pathlib import Path
+
+from strata.config import Config, ConfigError
+
+__all__ = ["group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER"]
+
+AUTH_HEADER = "x-strata-group-auth"
+MAX_SKEW = 60.0
+
+
+def level_slug(level: str) -> str:
+    """A file-name-safe spelling of a level ([1,B] → 1_B)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", level.replace("⊥", "bot")).strip("_") or "level"
+
+
+def load_or_create_key(path: Path, create: bool) -> bytes:
+    if path.exists():
+        text = path.read_text().strip()
+        try:
+            key = bytes.fromhex(text)
+        except ValueError:
+            raise ConfigError(f"{path}: group key must be hex") from None
+        if len(key) < 16:
+            raise ConfigError(f"{path}: group key must have at least 16 bytes")
+        return key
+    if not create:
+        raise ConfigError(f"{path}: group key file missing (strata up creates one)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    return key
+
+
+def group_spec(config: Config, level: str, state_dir: Path | None = None, create_key: bool = False):
+    from strata.worker.group import GroupSpec
+
+    level = config.lattice.parse(level)
+    groups = config.sections.get("groups", {}) or {}
+    g = groups.get(level, {}) or {}
+    cluster = config.sections.get("cluster", {}) or {}
+    digest = hashlib.sha256(level.encode()).digest()
+    address = g.get("address") or f"239.255.{digest[0]}.{max(1, digest[1])}"
+    port = int(g.get("port") or cluster.get("multicast_port") or 47000)
+    interface = g.get("interface", cluster.get("interface", "127.0.0.1"))
+    ttl = int(g.get("ttl", cluster.get("multicast_ttl", 0)))
+    interval = float(cluster.get("heartbeat_seconds", 0.5))
+    if "key" in g:
+        key = bytes.fromhex(str(g["key"]))
+    else:
+        if "key_file" in g:
+            kf = Path(g["key_file"])
+            if not kf.is_absolute() and config.path is not None:
+                kf = config.path.parent / kf
+        elif state_dir is not None:
+            kf = Path(state_dir) / "keys" / f"{level_slug(level)}.key"
+        else:
+            raise ConfigError(f"no group key for level {level}: set [groups.\"{level}\"] key_file, or use --state-dir")
+        key = load_or_create_key(kf, create_key)
+    return GroupSpec(level=level, address=address, port=port, key=key, interface=interface, ttl=ttl,
+                     interval=interval)
+
+
+def sign_request(key: bytes, level: str, payload_digest: bytes, now: float | None = None) -> str:
+    ts = f"{(now if now is not None else time.time()):.3f}"
+    mac = hmac.new(key, b"|".join([level.encode(), ts.encode(), payload_digest]), hashlib.sha256).hexdigest()
+    return f"{ts}:{mac}"
+
+
+def verify_request(key: bytes, level: str, payload_digest: bytes, header: str | None) -> bool:
+    if not header or ":" not in header:
+        return False
+    ts, mac = header.split(":", 1)
+    try:
+        t = float(ts)
+    except ValueError:
+        return False
+    if abs(time.time() - t) > MAX_SKEW:
+        return False
+    want = hmac.new(key, b"|".join([level.encode(), ts.encode(), payload_digest]), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(want, mac)

@@ -1,0 +1,333 @@
+"""End to end with real processes on loopback: two level groups, their isolation,
+the stream shepherd, replay against the reference, Algorithm 5 with an injected load.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from strata.client import Client
+from strata.commands import start_cluster, stop_cluster
+from strata.config import load_config
+from strata.groups import AUTH_HEADER, group_spec, sign_request
+from strata.rpc import strata_pb2 as pb
+from strata.rpc import strata_pb2_grpc as rpc
+from strata.users import UserStore
+from strata.worker.group import Heartbeat, encode_heartbeat
+
+from .conftest import BATTLEFIELD_TOML, CHINESE_WALL_TOML
+from .reference.evaluator import compare_results, evaluate
+
+pytestmark = pytest.mark.slow
+PASSWORD = "correct horse"
+
+
+def poll(predicate, timeout=30.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def write_config(dir: Path, text: str, users: dict[str, str]) -> Path:
+    p = dir / "strata.toml"
+    p.write_text(text)
+    cfg = load_config(p)
+    store = UserStore(cfg.users_path, cfg.lattice)
+    for name, clearance in users.items():
+        store.add(name, clearance, PASSWORD, replace=True)
+    return p
+
+
+def strata(*args, env_extra=None, timeout=600):
+    env = {**os.environ, "STRATA_PASSWORD": PASSWORD, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "strata", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def write_csv(path: Path, header: list[str], rows: list[tuple]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def read_out(path: Path, types: list[str]) -> list[tuple]:
+    conv = {"double": lambda s: None if s == "" else float(s), "long": lambda s: None if s == "" else int(s),
+            "string": lambda s: s, "level": lambda s: s}
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    out = []
+    for r in rows[1:]:
+        out.append((int(r[0]), r[1], *[conv.get(t, str)(v) for t, v in zip(types, r[2:])]))
+    return out
+
+
+# ---- a running two-level cluster -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster")
+    cfg = write_config(d, BATTLEFIELD_TOML, {"sam": "S", "tess": "TS"})
+    state = d / "state"
+    # injected load readings (not a real CPU hog): worker 1 of each level is saturated,
+    # worker 0 idle; Algorithm 5 must leave worker 1 without chunks
+    masters = start_cluster(str(cfg), ["S", "TS"], 2, state,
+                            worker_env={0: {"STRATA_CPU_OVERRIDE": "5"}, 1: {"STRATA_CPU_OVERRIDE": "95"}})
+    record = json.loads((state / "cluster.json").read_text())
+    yield {"config": cfg, "state": state, "masters": masters["masters"], "record": record}
+    stop_cluster(state)
+
+
+def workers_of(cluster, level):
+    return sorted(p["address"] for p in cluster["record"]["processes"] if p["role"] == "worker" and p["level"] == level)
+
+
+def client(cluster, level, user):
+    c = Client(cluster["masters"][level])
+    c.login(user, PASSWORD, level)
+    return c
+
+
+def test_group_tables_hold_only_their_level(cluster):
+    for level, user in (("S", "sam"), ("TS", "tess")):
+        with client(cluster, level, user) as c:
+            sids = poll(lambda: sorted(w.sid for w in c.status().workers) == workers_of(cluster, level) and True)
+            assert sids, f"{level} group table: {[w.sid for w in c.status().workers]}"
+            assert not set(w.sid for w in c.status().workers) & set(workers_of(cluster, "S" if level == "TS" else "TS"))
+
+
+def test_status_cli_json(cluster):
+    r = strata("status", "--config", str(cluster["config"]), "--master", cluster["masters"]["S"], "--user", "sam",
+               "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["level"] == "S"
+    assert sorted(w["sid"] for w in st["workers"]) == workers_of(cluster, "S")
+    assert all(w["pid"] > 0 for w in st["workers"])
+    assert {w["sid"]: w["cpu"] for w in st["workers"]}[workers_of(cluster, "S")[0]] >= 0
+
+
+def test_forged_and_wrong_key_heartbeats_are_ignored(cluster):
+    cfg = load_config(cluster["config"])
+    spec = group_spec(cfg, "S", cluster["state"])
+    ts_spec = group_spec(cfg, "TS", cluster["state"])
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton("127.0.0.1"))
+    tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
+    now = time.time()
+    dest = (spec.address, cluster["record"]["multicast_port"])
+    for i in range(5):
+        forged = Heartbeat("S", "127.0.0.1:1", 1.0, seq=i + 1, sent_at=now)
+        tx.sendto(encode_heartbeat(forged, os.urandom(32)), dest)  # no key
+        other = Heartbeat("S", "127.0.0.1:2", 1.0, seq=i + 1, sent_at=now)
+        tx.sendto(encode_heartbeat(other, ts_spec.key), dest)  # the TS group's key
+    tx.close()
+    time.sleep(0.5)  # let the datagrams arrive; the assertion below must hold at any time after
+    with client(cluster, "S", "sam") as c:
+        assert sorted(w.sid for w in c.status().workers) == workers_of(cluster, "S")
+
+
+def _worker_info(cluster, level, sid):
+    cfg = load_config(cluster["config"])
+    key = group_spec(cfg, level, cluster["state"]).key
+    stub = rpc.WorkerStub(grpc.insecure_channel(sid))
+    return stub.Info(pb.Empty(), metadata=((AUTH_HEADER, sign_request(key, level, b"info")),), timeout=10)
+
+
+def test_ts_tuple_on_s_master_never_reaches_s_workers(cluster):
+    with client(cluster, "S", "sam") as c:
+        regs = c.register(["SELECT RSTREAM COUNT(*) FROM Vitals [NOW]"])
+        t = pa.table({"ts": [1, 1, 2, 2, 3], "level": ["S", "TS", "TS", "U", "TS"], "sid": ["a"] * 5,
+                      "bp": [1.0] * 5, "pr": [1.0] * 5, "weight": [1.0] * 5})
+        reply = c.ingest([("Vitals", t)], labelled=True)
+        assert (reply.accepted, reply.dropped_by_shepherd) == (2, 3)
+        c.advance(finish=True)
+        rows = []
+        for qid, table in c.subscribe([regs[0].query_id]):
+            if table is not None:
+                rows.extend(zip(*[table.column(i).to_pylist() for i in range(table.num_columns)]))
+        assert sorted(rows) == [(1, "S", 1), (2, "U", 1)]  # instant 3 held only a TS tuple: no output
+        st = c.status()
+        assert st.rejected["shepherd:Vitals"] == 3
+    seen = {}
+    for sid in workers_of(cluster, "S"):
+        info = _worker_info(cluster, "S", sid)
+        for lv, n in info.seen_levels.items():
+            seen[lv] = seen.get(lv, 0) + n
+    assert "TS" not in seen and seen.get("S", 0) >= 1
+
+
+def test_busy_worker_gets_no_chunk(cluster):
+    """Worker 1 of each level reports CPU 95 % (injected): Algorithm 5 sends it nothing."""
+    with client(cluster, "TS", "tess") as c:
+        regs = c.register(["SELECT AVG(bp) FROM Vitals [ROWS 2]"])
+        t = pa.table({"ts": list(range(1, 9)), "level": ["U", "TS"] * 4, "sid": ["a"] * 8,
+                      "bp": [float(i) for i in range(8)], "pr": [1.0] * 8, "weight": [1.0] * 8})
+        c.ingest([("Vitals", t)], labelled=True)
+        c.advance(finish=True)
+        got = [tb for _, tb in c.subscribe([regs[0].query_id]) if tb is not None]
+        assert sum(tb.num_rows for tb in got) == 8
+        done = {w.sid: (w.chunks_done, w.cpu) for w in c.status().workers}
+    busy = [sid for sid, (_, cpu) in done.items() if cpu >= 90]
+    free = [sid for sid, (_, cpu) in done.items() if cpu < 90]
+    assert busy and free
+    assert all(done[s][0] == 0 for s in busy) and sum(done[s][0] for s in free) >= 8
+
+
+def test_wrong_level_login_and_unsigned_worker_calls_refused(cluster):
+    c = Client(cluster["masters"]["S"])
+    with pytest.raises(Exception, match="serves level S"):
+        c.login("tess", PASSWORD, "TS")  # clearance TS, but this master is S
+    c.close()
+    sid = workers_of(cluster, "S")[0]
+    stub = rpc.WorkerStub(grpc.insecure_channel(sid))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Execute(pb.ExecuteRequest(level="S", chunk=b""), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    cfg = load_config(cluster["config"])
+    ts_key = group_spec(cfg, "TS", cluster["state"]).key
+    req = pb.ExecuteRequest(level="TS", chunk=b"")
+    from strata.worker.server import execute_digest
+
+    with pytest.raises(grpc.RpcError) as e:  # a TS master's key and level do not drive an S worker
+        stub.Execute(req, metadata=((AUTH_HEADER, sign_request(ts_key, "TS", execute_digest(req))),), timeout=10)
+    assert e.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+# ---- replay against the reference -----------------------------------------------------------------
+TABLE_7_2 = [(1, "U", "AAA", 125.0), (1, "U", "BBB", 100.0), (1, "U", "CCC", 150.0), (2, "U", "DDD", 110.0),
+             (3, "U", "EEE", 160.0)]
+TABLE_4_2 = [(1, "U", "x", 100.0), (2, "U", "x", 100.0), (3, "TS", "x", 140.0), (4, "U", "x", 160.0)]
+
+REPLAY_QUERIES = [
+    ("SELECT AVG(bp) FROM Vitals[ROWS 3]", ["double"]),
+    ("SELECT AVG(bp) FROM Vitals[ROWS 3] WHERE level = U", ["double"]),
+    ("SELECT sid, COUNT(*), MAX(bp) FROM Vitals [RANGE 2 seconds] GROUP BY sid", ["string", "long", "double"]),
+    ("SELECT V.sid, P.lat FROM Vitals [ROWS 2] V, Positions [NOW] P WHERE V.sid = P.sid", ["string", "double"]),
+    ("SELECT DSTREAM sid, bp FROM Vitals [ROWS 2 level in {U, C}]", ["string", "double"]),
+    ("SELECT sid, SUM(bp) FROM Vitals GROUP BY sid HAVING COUNT(*) > 1", ["string", "double"]),
+]
+
+
+def _random_streams(seed: int):
+    import random
+
+    rnd = random.Random(seed)
+    vit, pos = [], []
+    for ts in range(1, 9):
+        for _ in range(rnd.randint(0, 4)):
+            vit.append((ts, rnd.choice(["U", "C", "S", "TS"]), rnd.choice(["a", "b", "c"]),
+                        float(rnd.randint(90, 180)), 70.0, 80.0))
+        for _ in range(rnd.randint(0, 2)):
+            pos.append((ts, rnd.choice(["U", "C", "S", "TS"]), rnd.choice(["a", "b", "c"]),
+                        float(rnd.randint(1, 5)), "4E"))
+    return vit, pos
+
+
+@pytest.mark.parametrize("workers, chunk", [(1, 1), (2, 2), (3, 1), (1, 2), (2, 1), (3, 2)])
+def test_replay_equals_reference(tmp_path, workers, chunk):
+    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
+    cfg = load_config(cfg_path)
+    vit, pos = _random_streams(seed=workers * 10 + chunk)
+    datasets = {"t72": (TABLE_7_2, []), "t42": (TABLE_4_2, []), "rand": (vit, pos)}
+    level = "U" if (workers + chunk) % 2 else "TS"
+    for name, (vrows, prows) in datasets.items():
+        v, p = tmp_path / f"{name}-v.csv", tmp_path / f"{name}-p.csv"
+        write_csv(v, ["ts", "level", "sid", "bp", "pr", "weight"],
+                  [r if len(r) == 6 else (*r, 1.0, 1.0) for r in vrows])
+        write_csv(p, ["ts", "level", "sid", "lat", "lon"], prows)
+        out = tmp_path / f"out-{name}"
+        args = ["replay", "--config", str(cfg_path), "--user", "ann", "--level", level, "--output", str(out),
+                "--workers", str(workers), "--chunk-seconds", str(chunk), "--input", f"Vitals={v}",
+                "--input", f"Positions={p}"]
+        for q, _ in REPLAY_QUERIES:
+            args += ["--query", q]
+        r = strata(*args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        streams = {
+            "Vitals": [dict(zip(["ts", "level", "sid", "bp", "pr", "weight"], r if len(r) == 6 else (*r, 1.0, 1.0)))
+                       for r in vrows],
+            "Positions": [dict(zip(["ts", "level", "sid", "lat", "lon"], r)) for r in prows],
+        }
+        for i, (q, types) in enumerate(REPLAY_QUERIES, 1):
+            got = read_out(out / f"q{i}.csv", types)
+            compare_results(got, evaluate(q, cfg, level, streams))
+        if name == "t72" and level == "U":
+            assert read_out(out / "q1.csv", ["double"]) == [(1, "U", 125.0), (2, "U", 120.0), (3, "U", 140.0)]
+        if name == "t42":
+            want = {"U": [(1, "U", 100.0), (2, "U", 100.0), (4, "U", 120.0)],
+                    "TS": [(1, "U", 100.0), (2, "U", 100.0), (3, "U", 100.0), (4, "U", 130.0)]}[level]
+            assert sorted(read_out(out / "q2.csv", ["double"])) == want
+
+
+def test_replay_exit_codes(tmp_path):
+    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "S"})
+    v = tmp_path / "v.csv"
+    write_csv(v, ["ts", "level", "sid", "bp", "pr", "weight"], [(1, "U", "a", 1.0, 1.0, 1.0)])
+    base = ["replay", "--config", str(cfg_path), "--user", "ann", "--input", f"Vitals={v}", "--output",
+            str(tmp_path / "o.csv"), "--workers", "1"]
+    r = strata(*base, "--query", "SELECT bp FROM Vitals WHERE level = TS")
+    assert r.returncode == 2 and "authorization" in r.stderr.splitlines()[-1]
+    r = strata(*base, "--query", "SELECT bp FROM Vitals", env_extra={"STRATA_PASSWORD": "wrong"})
+    assert r.returncode == 3
+
+
+# ---- Chinese Wall audit queries (dissertation §8.3) ------------------------------------------------
+def test_chinese_wall_audit_queries(tmp_path):
+    cfg_path = write_config(tmp_path, CHINESE_WALL_TOML, {"cloud": "[T,T]"})
+    cfg = load_config(cfg_path)
+    header = ["ts", "level", "serviceId", "msgType", "sender", "receiver", "timestamp", "outcome"]
+    rows = [
+        (1, "[1,⊥]", "5", "send", "Company1", "CompanyB", 100, "success"),
+        (1, "[⊥,B]", "5", "receive", "CompanyB", "Company1", 104, "success"),
+        (2, "[⊥,A]", "7", "send", "CompanyA", "CompanyC", 200, "failure"),
+        (2, "[⊥,C]", "7", "receive", "CompanyC", "CompanyA", 210, "success"),
+        (3, "[⊥,B]", "7", "send", "CompanyB", "CompanyC", 300, "success"),
+        (3, "[2,⊥]", "9", "send", "Company2", "CompanyA", 301, "success"),
+        (4, "[1,⊥]", "5", "receive", "Company1", "CompanyB", 410, "success"),
+    ]
+    f = tmp_path / "log.csv"
+    write_csv(f, header, rows)
+    streams = {"MessageLog": [dict(zip(header, r)) for r in rows]}
+    cases = {
+        "[1,B]": [
+            ('SELECT MIN(timestamp), MAX(timestamp) FROM MessageLog [ROWS 100] '
+             'WHERE outcome = "success" AND serviceId = "5"', ["long", "long"]),
+            ('SELECT R.timestamp - S.timestamp AS delay FROM MessageLog R[Rows 100], MessageLog S[Rows 100] '
+             'WHERE S.msgType = "send" AND S.outcome = "success" AND R.msgType = "receive" '
+             'AND R.outcome = "success" AND S.serviceId = R.serviceId', ["long"]),
+        ],
+        "[T,T]": [
+            ('SELECT serviceId, MIN(timestamp), MAX(timestamp) FROM MessageLog[ROWS 100] '
+             'WHERE outcome = "success" GROUP BY serviceId', ["string", "long", "long"]),
+        ],
+    }
+    seen_levels = set()
+    for level, qs in cases.items():
+        out = tmp_path / f"out{len(seen_levels)}"
+        args = ["replay", "--config", str(cfg_path), "--user", "cloud", "--level", level, "--workers", "1",
+                "--input", f"MessageLog={f}", "--output", str(out)]
+        for q, _ in qs:
+            args += ["--query", q]
+        r = strata(*args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        for i, (q, types) in enumerate(qs, 1):
+            path = out if len(qs) == 1 else out / f"q{i}.csv"
+            got = read_out(path, types)
+            compare_results(got, evaluate(q, cfg, level, streams))
+            seen_levels.update(r[1] for r in got)
+    assert "[1,B]" in seen_levels and "[⊥,T]" in seen_levels

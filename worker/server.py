@@ -1,0 +1,118 @@
+"""The worker process: gRPC server over :class:`WorkerCore`, one SparkSession, group heartbeats."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from strata.groups import AUTH_HEADER, verify_request
+from strata.rpc import strata_pb2 as pb
+from strata.rpc import strata_pb2_grpc as rpc
+
+from .service import QuerySpecData, WorkerCore, WorkerRefused
+
+__all__ = ["WorkerServicer", "serve_worker", "execute_digest"]
+
+log = logging.getLogger("strata.worker")
+MAX_MESSAGE = 256 * 1024 * 1024
+
+
+def execute_digest(req: pb.ExecuteRequest) -> bytes:
+    """What the group MAC of an Execute call covers: level, queries and chunk bytes."""
+    h = hashlib.sha256()
+    h.update(req.level.encode())
+    for q in req.queries:
+        h.update(b"\x00" + q.query_id.encode() + b"\x00" + q.level.encode() + b"\x00" + q.text.encode())
+    h.update(b"\x01")
+    h.update(req.chunk)
+    return h.digest()
+
+
+class WorkerServicer(rpc.WorkerServicer):
+    def __init__(self, core: WorkerCore, key: bytes, member=None, sid: str = ""):
+        self.core = core
+        self.key = key
+        self.member = member
+        self.sid = sid
+
+    def _auth(self, context, level: str, digest: bytes) -> None:
+        header = dict(context.invocation_metadata()).get(AUTH_HEADER)
+        if not verify_request(self.key, level, digest, header):
+            self.core.refused["unauthenticated"] += 1
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "request not signed with this level's group key")
+
+    def Execute(self, request, context):
+        self._auth(context, request.level, execute_digest(request))
+        specs = [QuerySpecData(q.query_id, q.text, q.level) for q in request.queries]
+        try:
+            t0 = time.perf_counter()
+            results = self.core.execute(request.level, specs, request.chunk)
+            return pb.ExecuteReply(results=results, seconds=time.perf_counter() - t0)
+        except WorkerRefused as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        except ValueError as e:  # undecodable chunk
+            self.core.refused["bad_chunk"] += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad chunk: {e}")
+
+    def Info(self, request, context):
+        self._auth(context, self.core.level, b"info")
+        st = self.core.stats()
+        cpu = 0.0
+        if self.member is not None:
+            cpu = self.member.cpu_override if self.member.cpu_override is not None else 0.0
+        return pb.WorkerStatus(sid=self.sid, cpu=cpu, pid=os.getpid(), state="ready",
+                               chunks_done=st["chunks_done"], seen_levels=st["seen_levels"],
+                               refused=st["refused"])
+
+
+def build_server(servicer: WorkerServicer, listen: str, credentials=None) -> tuple[grpc.Server, str]:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+                 ("grpc.so_reuseport", 0)],
+    )
+    rpc.add_WorkerServicer_to_server(servicer, server)
+    host = listen.rsplit(":", 1)[0]
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, f"{host}:{port}"
+
+
+def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
+                 ready=None, stop_event: threading.Event | None = None) -> None:
+    """Run a worker until SIGTERM/SIGINT (or ``stop_event``)."""
+    from strata.worker.engine import Engine
+    from strata.worker.group import GroupMember
+    from strata.worker.spark import get_session
+
+    spark = get_session(master=spark_master, app_name=f"strata-worker-{level}")
+    core = WorkerCore(config, level, Engine(spark, config))
+    servicer = WorkerServicer(core, spec.key)
+    server, address = build_server(servicer, listen)
+    servicer.sid = address
+    member = GroupMember(spec, sid=address, role="worker", stats=core.stats)
+    servicer.member = member
+    if os.environ.get("STRATA_CPU_OVERRIDE"):  # an injected load reading (tests, drills)
+        member.cpu_override = float(os.environ["STRATA_CPU_OVERRIDE"])
+    server.start()
+    member.start()
+    log.info("worker %s level %s serving", address, level)
+    stop = stop_event or threading.Event()
+    if stop_event is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    if ready is not None:
+        ready(address, core, member)
+    try:
+        stop.wait()
+    finally:
+        member.stop()
+        server.stop(grace=2).wait()

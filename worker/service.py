@@ -1,0 +1,108 @@
+"""What a worker does with a chunk, as plain logic (no gRPC).
+
+A worker has one fixed level.  It executes chunks only for masters of its own
+level, compiles the queries it is sent itself (at that level, so the front end's
+authorization runs again on the worker), refuses any chunk holding a tuple its
+level does not dominate, and counts what it saw per level.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import pyarrow.compute as pc
+
+from strata.chunking.codec import decode_chunk, encode_result
+from strata.config import Config
+from strata.mlscql import CompiledQuery, QueryError, compile_query
+
+__all__ = ["WorkerCore", "WorkerRefused", "QuerySpecData"]
+
+
+class WorkerRefused(PermissionError):
+    """A request this worker must not execute (wrong level, unauthorized data)."""
+
+
+@dataclass(frozen=True)
+class QuerySpecData:
+    query_id: str
+    text: str
+    level: str
+
+
+class WorkerCore:
+    def __init__(self, config: Config, level: str, engine):
+        self.config = config
+        self.level = config.lattice.parse(level)
+        self.engine = engine
+        self._visible = self.config.lattice.dominated(self.level)
+        self._compiled: dict[tuple[str, str], CompiledQuery] = {}
+        self._lock = threading.Lock()
+        self.counters: Counter = Counter()
+        self.seen_levels: Counter = Counter()  # tuples received, per level
+        self.refused: Counter = Counter()
+        self.busy_seconds = 0.0
+
+    def _compile(self, spec: QuerySpecData) -> CompiledQuery:
+        key = (spec.text, spec.level)
+        with self._lock:
+            cq = self._compiled.get(key)
+        if cq is None:
+            cq = compile_query(spec.text, self.config, spec.level)
+            with self._lock:
+                if len(self._compiled) > 1024:
+                    self._compiled.clear()
+                self._compiled[key] = cq
+        return cq
+
+    def execute(self, level: str, specs: list[QuerySpecData], chunk_bytes: bytes) -> list[bytes]:
+        if level != self.level:
+            self.refused["wrong_level"] += 1
+            raise WorkerRefused(f"this worker serves level {self.level}, not {level}")
+        by_id = {}
+        for s in specs:
+            if s.level != self.level:
+                self.refused["wrong_level"] += 1
+                raise WorkerRefused(f"query {s.query_id} runs at {s.level}; this worker serves {self.level}")
+            try:
+                by_id[s.query_id] = self._compile(s)
+            except QueryError as e:
+                self.refused["bad_query"] += 1
+                raise WorkerRefused(f"query {s.query_id} rejected on the worker: {e}") from None
+        chunk = decode_chunk(chunk_bytes)
+        seen: Counter = Counter()
+        for qc in chunk.queries:
+            if qc.query_id not in by_id:
+                self.refused["unknown_query"] += 1
+                raise WorkerRefused(f"chunk carries query {qc.query_id} without its text")
+            for t in qc.items:
+                if t.num_rows == 0:
+                    continue
+                counts = pc.value_counts(t.column("level"))
+                for entry in counts.to_pylist():
+                    seen[entry["values"]] += entry["counts"]
+        above = [lv for lv in seen if lv not in self._visible]
+        if above:
+            self.refused["level_above_worker"] += 1
+            raise WorkerRefused(f"chunk holds tuples this worker's level {self.level} does not dominate")
+        t0 = time.perf_counter()
+        out = [encode_result(self.engine.run(by_id[qc.query_id], qc)) for qc in chunk.queries]
+        with self._lock:
+            self.busy_seconds += time.perf_counter() - t0
+            self.seen_levels.update(seen)
+            self.counters["chunks_done"] += 1
+            self.counters["tuples"] += sum(seen.values())
+        return out
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "chunks_done": self.counters["chunks_done"],
+                "tuples": self.counters["tuples"],
+                "seen_levels": dict(self.seen_levels),
+                "refused": dict(self.refused),
+                "busy_seconds": round(self.busy_seconds, 3),
+            }
