@@ -1,0 +1,73 @@
+"""The worker's SparkSession: one long-lived session per process, tuned for small jobs.
+
+A worker evaluates many small chunks (a few thousand to a few hundred thousand
+rows each), so the session is configured for latency rather than throughput:
+no UI, few shuffle partitions, Arrow transfer in both directions, non-ANSI
+arithmetic (``x / 0`` is NULL, as SEMANTICS §5 requires) and a driver bound to
+the loopback interface on ephemeral ports.  The master URL is configurable so
+that a worker can submit to a real Spark cluster instead of ``local[N]``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["get_session", "DEFAULT_CONF", "LOCAL_CONF"]
+
+#: settings applied to every session (``conf`` passed to get_session overrides them)
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+    "spark.sql.ansi.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    # Adaptive execution re-plans after every shuffle stage; for chunk-sized jobs
+    # that costs more than it saves (measured in bench/engine_micro.py).
+    "spark.sql.adaptive.enabled": "false",
+    "spark.port.maxRetries": "64",
+}
+
+#: added for ``local[...]`` masters only: executors of a real cluster must reach the driver
+LOCAL_CONF: dict[str, str] = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+_lock = threading.Lock()
+
+
+def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf: dict | None = None):
+    """The process's SparkSession (created on first call, then reused).
+
+    ``master`` may be ``local[N]`` (driver bound to 127.0.0.1, ephemeral
+    ports) or a cluster URL (``spark://host:7077``; set ``spark.driver.host``
+    in ``conf`` to an address the executors can reach); ``conf`` adds or
+    overrides Spark settings.  A second call returns the same
+    session; its runtime-settable SQL options in ``conf`` are applied to it.
+    """
+    os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    from pyspark.sql import SparkSession
+
+    settings = dict(DEFAULT_CONF)
+    if master.startswith("local"):
+        settings.update(LOCAL_CONF)
+    if conf:
+        settings.update({k: str(v) for k, v in conf.items()})
+    with _lock:
+        active = SparkSession.getActiveSession()
+        builder = SparkSession.builder.master(master).appName(app_name)
+        for k, v in settings.items():
+            builder = builder.config(k, v)
+        session = builder.getOrCreate()
+        if active is not None and conf:
+            for k, v in conf.items():
+                if k.startswith("spark.sql."):
+                    try:
+                        session.conf.set(k, str(v))
+                    except Exception:  # static SQL conf of a running session
+                        pass
+        session.sparkContext.setLogLevel("WARN")
+    return session

@@ -1,0 +1,171 @@
+"""Window membership (SEMANTICS §3, §5) as per-tuple validity intervals.
+
+Every window kind gives each tuple a half-open interval of evaluation instants
+``[ts, end)`` during which the tuple is in the window:
+
+* ``RANGE UNBOUNDED``:  ``end = ∞``                          (all ``ts ≤ τ``)
+* ``NOW``:              ``end = ts + 1``                     (``ts = τ``)
+* ``RANGE T``:          ``end = ts + T``                     (``τ - T < ts ≤ τ``)
+* ``ROWS N``:           ``end = ts of the N-th later tuple``  (``∞`` if none)
+* ``PARTITION BY a ROWS N``: the same within the tuple's partition.
+
+For ROWS this holds because ``ts`` never decreases in arrival (``_seq``)
+order: the tuples with ``ts ≤ τ`` are a prefix, and the tuple at position
+``p`` is among the last N of that prefix exactly while the prefix does not
+reach position ``p + N``, i.e. while ``τ < ts[p + N]``.  Ties in ``ts`` are
+broken by arrival order, as the contract demands.
+
+The interval end is computed either in NumPy on the chunk's Arrow table
+(:func:`end_array`; the default: the engine then drops every tuple that is in
+no window at an evaluated instant before Spark sees it, e.g. all but the last
+N tuples of each instant for ``ROWS N``) or in Spark (:func:`end_sql`, a
+``lead()`` window function).  :func:`membership_sql` then pairs each tuple with
+the evaluation instants inside its interval (a literal array, filtered and
+exploded), giving the window contents at every instant as one relation keyed
+by ``_tau``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from strata.mlscql import ast as A
+
+__all__ = [
+    "UNIT_SECONDS", "TAU", "FOREVER", "range_instants", "end_sql", "end_array", "useful_rows",
+    "membership_sql", "instants_sql",
+]
+
+TAU = "_tau"
+END = "_end"
+#: interval end standing for ∞ in :func:`end_array`
+FOREVER = np.iinfo(np.int64).max
+
+UNIT_SECONDS = {
+    "milliseconds": 0.001,
+    "seconds": 1.0,
+    "minutes": 60.0,
+    "hours": 3600.0,
+    "days": 86400.0,
+}
+
+
+def range_instants(window: A.Window, instant_seconds: float) -> int:
+    """``T`` of ``RANGE amount unit`` in instants: ``ceil(amount * unit / instant_seconds)``."""
+    secs = float(window.range_amount) * UNIT_SECONDS[window.range_unit or "seconds"]
+    # round away float noise (0.1 s over 0.1 s instants must stay 1, not become 2)
+    return max(0, math.ceil(round(secs / float(instant_seconds), 9)))
+
+
+def end_sql(window: A.Window, ts: str, seq: str, partition: list[str], instant_seconds: float) -> str | None:
+    """SQL for the exclusive end of each tuple's interval; ``None`` means ∞ for every tuple.
+
+    The expression may be NULL for some rows (∞ for those).  ``partition``
+    are the (SQL) columns of a PARTITION BY window.
+    """
+    kind = window.kind
+    if kind == "unbounded":
+        return None
+    if kind == "now":
+        return f"({ts} + 1)"
+    if kind == "range":
+        return f"({ts} + {range_instants(window, instant_seconds)})"
+    if kind in ("rows", "partition"):
+        n = int(window.rows)
+        if n <= 0:
+            return ts  # empty interval: an empty window
+        parts = ", ".join(partition) if kind == "partition" and partition else "0"
+        return f"lead({ts}, {n}) OVER (PARTITION BY {parts} ORDER BY {seq})"
+    raise ValueError(f"unknown window kind {kind!r}")
+
+
+def end_array(window: A.Window, ts: np.ndarray, partition: list[pa.ChunkedArray], instant_seconds: float) -> np.ndarray:
+    """:func:`end_sql` computed in NumPy (vectorized) for tuples in arrival order.
+
+    ``ts`` is int64 in ``_seq`` order; ``partition`` are the PARTITION BY
+    columns (Arrow).  ∞ is :data:`FOREVER`.  Lets the engine drop, before Spark
+    sees them, the tuples that are in no window at any evaluated instant (most
+    of a chunk for ``ROWS N`` with N much smaller than the chunk).
+    """
+    kind = window.kind
+    n = len(ts)
+    if kind == "unbounded":
+        return np.full(n, FOREVER, np.int64)
+    if kind == "now":
+        return ts + 1
+    if kind == "range":
+        return ts + range_instants(window, instant_seconds)
+    if kind not in ("rows", "partition"):
+        raise ValueError(f"unknown window kind {kind!r}")
+    rows = int(window.rows)
+    end = np.full(n, FOREVER, np.int64)
+    if rows <= 0:
+        return ts.copy()
+    if rows >= n:
+        return end
+    if kind == "rows" or not partition:
+        end[:-rows] = ts[rows:]
+        return end
+    key = _partition_key(partition)
+    order = np.argsort(key, kind="stable")  # stable: arrival order within each partition
+    k, t = key[order], ts[order]
+    same = k[rows:] == k[:-rows]
+    sorted_end = np.full(n, FOREVER, np.int64)
+    sorted_end[:-rows][same] = t[rows:][same]
+    end[order] = sorted_end
+    return end
+
+
+def _partition_key(columns: list[pa.ChunkedArray]) -> np.ndarray:
+    """One int64 code per row, equal iff all partition values are equal (NULLs equal each other)."""
+    codes = []
+    for col in columns:
+        if pa.types.is_floating(col.type):
+            col = pc.add(col, 0.0)  # -0.0 and 0.0 are one partition, as in SQL
+        enc = pc.dictionary_encode(col, null_encoding="encode").combine_chunks()
+        codes.append(np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64))
+    if len(codes) == 1:
+        return codes[0]
+    _, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64)
+
+
+def useful_rows(ts: np.ndarray, end: np.ndarray, instants: list[int]) -> np.ndarray:
+    """Boolean mask of tuples whose interval ``[ts, end)`` holds at least one of ``instants``."""
+    ins = np.asarray(sorted(set(int(t) for t in instants)), dtype=np.int64)
+    first = np.searchsorted(ins, ts, side="left")  # first instant ≥ ts
+    ok = first < len(ins)
+    nxt = ins[np.minimum(first, len(ins) - 1)]
+    return ok & (nxt < end)
+
+
+def instants_sql(instants: list[int]) -> str:
+    return "array(" + ", ".join(f"CAST({int(t)} AS BIGINT)" for t in instants) + ")"
+
+
+def membership_sql(source: str, columns: list[str], ts: str, end: str | None, instants: list[int]) -> str:
+    """A query over ``source`` giving ``columns`` plus ``_tau`` for each τ with ``ts ≤ τ < end``.
+
+    A row in no window is dropped; a row in k windows appears k times.
+    ``end`` may be a window function (``end_sql``); NULL means ∞.
+    """
+    ins = sorted(set(int(t) for t in instants))
+    cols = ", ".join(columns)
+    lo, hi = ins[0], ins[-1]
+    if end is not None:
+        source = f"(SELECT {cols}, {end} AS {END} FROM {source})"
+        keep = f"{ts} <= {hi} AND ({END} IS NULL OR {END} > {lo})"
+    else:
+        keep = f"{ts} <= {hi}"
+    if len(ins) == 1:
+        return f"SELECT {cols}, CAST({lo} AS BIGINT) AS {TAU} FROM {source} WHERE {keep}"
+    if end is None:
+        member = f"filter({instants_sql(ins)}, _lv -> _lv >= {ts})"
+    else:
+        member = f"filter({instants_sql(ins)}, _lv -> _lv >= {ts} AND ({END} IS NULL OR _lv < {END}))"
+    return f"SELECT {cols}, explode({member}) AS {TAU} FROM {source} WHERE {keep}"
+
