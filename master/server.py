@@ -8,41 +8,28 @@ chunk bytes to workers and results back.  All decisions live in the core.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
-import time
-from concurrent import futures
 
 import grpc
 import pyarrow as pa
 
+from strata.arrowio import from_ipc, to_ipc
 from strata.chunking.codec import decode_result, encode_chunk
 from strata.groups import AUTH_HEADER, sign_request
 from strata.mlscql import QueryError
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import AuthError
-from strata.worker.server import MAX_MESSAGE, execute_digest
+from strata.serving import MAX_MESSAGE, build_server, run_until_stopped
+from strata.worker.server import execute_digest
 
 from .core import MasterCore
 from .sessions import Sessions
 
-__all__ = ["MasterServicer", "DispatchLoop", "serve_master", "arrow_bytes", "arrow_table"]
+__all__ = ["MasterServicer", "DispatchLoop", "serve_master"]
 
 log = logging.getLogger("strata.master")
 MAX_INGEST_ROWS = 1_000_000
-
-
-def arrow_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def arrow_table(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 class MasterServicer(rpc.MasterServicer):
@@ -102,7 +89,7 @@ class MasterServicer(rpc.MasterServicer):
 
                     rows = rows.filter(pc.greater(rows.column("ts"), after))
                 yield pb.ResultBatch(query_id=r.query_id, first_ts=r.first_ts, last_ts=r.last_ts,
-                                     arrow=arrow_bytes(rows))
+                                     arrow=to_ipc(rows))
             if done:
                 for q in qids:
                     yield pb.ResultBatch(query_id=q, end=True)
@@ -113,7 +100,7 @@ class MasterServicer(rpc.MasterServicer):
         accepted = dropped = rejected = 0
         for batch in request_iterator:
             try:
-                table = arrow_table(batch.arrow)
+                table = from_ipc(batch.arrow)
                 if table.num_rows > MAX_INGEST_ROWS:
                     raise ValueError(f"batch of {table.num_rows} rows exceeds {MAX_INGEST_ROWS}")
                 source = None if batch.labelled else s.principal.level
@@ -209,19 +196,6 @@ class DispatchLoop:
         fut.add_done_callback(done)
 
 
-def build_master_server(servicer: MasterServicer, listen: str, credentials=None):
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16),
-        options=[("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.so_reuseport", 0)],
-    )
-    rpc.add_MasterServicer_to_server(servicer, server)
-    host = listen.rsplit(":", 1)[0]
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    return server, f"{host}:{port}"
-
-
 def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
                  ready=None, stop_event: threading.Event | None = None) -> None:
     from strata.worker.group import GroupMember
@@ -229,7 +203,8 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     core = MasterCore(config, level, chunk_instants=chunk_instants)
     sessions = Sessions(users, core.level)
     servicer = MasterServicer(core, sessions)
-    server, address = build_master_server(servicer, listen)
+    server, address = build_server(rpc.add_MasterServicer_to_server, servicer, listen, max_workers=16,
+                                   max_receive=64 * 1024 * 1024)
     member = GroupMember(spec, sid=address, role="master")
     member.state = "master"
     loop = DispatchLoop(core, spec.key, member)
@@ -237,15 +212,10 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     member.start()
     loop.start()
     log.info("master %s level %s serving", address, level)
-    stop = stop_event or threading.Event()
-    if stop_event is None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    if ready is not None:
-        ready(address, core, member)
-    try:
-        stop.wait()
-    finally:
+
+    def cleanup():
         loop.stop()
         member.stop()
         server.stop(grace=2).wait()
+
+    run_until_stopped(stop_event, ready and (lambda: ready(address, core, member)), cleanup)

@@ -7,6 +7,7 @@ from typing import Iterable, Iterator
 import grpc
 import pyarrow as pa
 
+from strata.arrowio import from_ipc, to_ipc
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 
@@ -23,13 +24,6 @@ class LoginFailed(ClientError):
 
 class QueryRejected(ClientError):
     pass
-
-
-def _bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 class Client:
@@ -82,12 +76,12 @@ class Client:
             if batch.end:
                 yield batch.query_id, None
             else:
-                yield batch.query_id, pa.ipc.open_stream(pa.py_buffer(batch.arrow)).read_all()
+                yield batch.query_id, from_ipc(batch.arrow)
 
     def ingest(self, batches: Iterable[tuple[str, pa.Table]], labelled: bool = False) -> pb.IngestReply:
         def gen():
             for stream, table in batches:
-                yield pb.IngestBatch(stream=stream, arrow=_bytes(table), labelled=labelled)
+                yield pb.IngestBatch(stream=stream, arrow=to_ipc(table), labelled=labelled)
 
         try:
             return self.stub.Ingest(gen(), metadata=self._md, timeout=max(self.timeout, 600))

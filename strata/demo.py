@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .users import UserStore
 from .config import load_config
+from .examples import BATTLEFIELD_TOML
+from .users import UserStore
 
 QUERIES = [
     "SELECT sid, bp FROM Vitals [ROWS 100] WHERE bp > 150",
@@ -53,7 +54,7 @@ def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: i
 
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "battlefield.toml"
-    cfg_path.write_text(_EMBEDDED_CONFIG)  # the same as examples/battlefield.toml
+    cfg_path.write_text(BATTLEFIELD_TOML)
     cfg = load_config(cfg_path)
     password = secrets.token_urlsafe(16)
     UserStore(cfg.users_path, cfg.lattice).add("commander", "TS", password, replace=True)
@@ -73,17 +74,3 @@ def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: i
         for line in rows[1:4]:
             print(f"    {line}")
     return rc
-
-
-_EMBEDDED_CONFIG = """[lattice]
-levels = ["U", "C", "S", "TS"]
-[streams.Vitals]
-sid = "string"
-bp = "double"
-pr = "double"
-weight = "double"
-[streams.Positions]
-sid = "string"
-lat = "double"
-lon = "string"
-"""

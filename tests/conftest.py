@@ -8,39 +8,13 @@ from pathlib import Path
 import pytest
 
 from strata.config import parse_config
+from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
 
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 DATA = Path(__file__).parent / "data"
 
-BATTLEFIELD_TOML = """
-[lattice]
-levels = ["U", "C", "S", "TS"]
-
-[streams.Vitals]
-sid = "string"
-bp = "double"
-pr = "double"
-weight = "double"
-
-[streams.Positions]
-sid = "string"
-lat = "double"
-lon = "string"
-"""
-
-CHINESE_WALL_TOML = """
-[lattice]
-coi = [["1", "2"], ["A", "B", "C"]]
-
-[streams.MessageLog]
-serviceId = "string"
-msgType = "string"
-sender = "string"
-receiver = "string"
-timestamp = "long"
-outcome = "string"
-"""
+CHINESE_WALL_TOML = AUDIT_TOML  # the name the tests use
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from strata.config import ConfigError, load_config, parse_config
@@ -63,3 +65,13 @@ def test_users_path_next_to_config(tmp_path):
     p = tmp_path / "deploy.toml"
     p.write_text('[lattice]\nlevels = ["U"]\n')
     assert load_config(p).users_path == tmp_path / "deploy.users.json"
+
+
+def test_example_files_match_the_packaged_examples():
+    from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
+
+    root = Path(__file__).resolve().parent.parent / "examples"
+    assert (root / "battlefield.toml").read_text() == BATTLEFIELD_TOML
+    assert (root / "audit.toml").read_text() == AUDIT_TOML
+    parse_config(BATTLEFIELD_TOML)
+    parse_config(AUDIT_TOML)

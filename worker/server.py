@@ -5,23 +5,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import signal
 import threading
 import time
-from concurrent import futures
 
 import grpc
 
 from strata.groups import AUTH_HEADER, verify_request
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
+from strata.serving import build_server, run_until_stopped
 
 from .service import QuerySpecData, WorkerCore, WorkerRefused
 
 __all__ = ["WorkerServicer", "serve_worker", "execute_digest"]
 
 log = logging.getLogger("strata.worker")
-MAX_MESSAGE = 256 * 1024 * 1024
 
 
 def execute_digest(req: pb.ExecuteRequest) -> bytes:
@@ -72,20 +70,6 @@ class WorkerServicer(rpc.WorkerServicer):
                                refused=st["refused"])
 
 
-def build_server(servicer: WorkerServicer, listen: str, credentials=None) -> tuple[grpc.Server, str]:
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4),
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
-                 ("grpc.so_reuseport", 0)],
-    )
-    rpc.add_WorkerServicer_to_server(servicer, server)
-    host = listen.rsplit(":", 1)[0]
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    return server, f"{host}:{port}"
-
-
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
                  ready=None, stop_event: threading.Event | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop_event``)."""
@@ -96,7 +80,7 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     spark = get_session(master=spark_master, app_name=f"strata-worker-{level}")
     core = WorkerCore(config, level, Engine(spark, config))
     servicer = WorkerServicer(core, spec.key)
-    server, address = build_server(servicer, listen)
+    server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, max_workers=4)
     servicer.sid = address
     member = GroupMember(spec, sid=address, role="worker", stats=core.stats)
     servicer.member = member
@@ -105,14 +89,9 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     server.start()
     member.start()
     log.info("worker %s level %s serving", address, level)
-    stop = stop_event or threading.Event()
-    if stop_event is None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    if ready is not None:
-        ready(address, core, member)
-    try:
-        stop.wait()
-    finally:
+
+    def cleanup():
         member.stop()
         server.stop(grace=2).wait()
+
+    run_until_stopped(stop_event, ready and (lambda: ready(address, core, member)), cleanup)

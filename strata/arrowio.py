@@ -1,0 +1,18 @@
+"""Arrow IPC stream bytes <-> tables (what client, master and worker messages carry)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = ["to_ipc", "from_ipc"]
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
