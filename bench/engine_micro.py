@@ -55,6 +55,12 @@ QUERIES = {
     "avg": "SELECT AVG(bp) FROM Vitals[ROWS 100]",
     "join": "SELECT v.sid, v.bp, p.lat FROM Vitals[ROWS 100] v, Positions[ROWS 100] p WHERE v.sid = p.sid",
 }
+#: optional extras (--queries range-group state-group): windows that hold whole instants
+EXTRA = {
+    "range-group": "SELECT sid, AVG(bp) FROM Vitals[RANGE 1 SECONDS] GROUP BY sid",
+    "state-group": "SELECT sid, AVG(bp) FROM Vitals GROUP BY sid",
+}
+ALL = {**QUERIES, **EXTRA}
 LEVELS = np.array(["U", "C", "S", "TS"])
 LEGACY = 100
 SIDS = 200
@@ -107,12 +113,12 @@ def run(args) -> str:
     # JVM warm-up (JIT, class loading) so the first configurations are not penalized
     for w in range(args.jvm_warmup):
         for name in args.queries:
-            cq = compile_query(QUERIES[name], cfg, "TS")
+            cq = compile_query(ALL[name], cfg, "TS")
             tables = [make_stream(it.stream, 1000, 2, seed=1) for it in cq.items]
             engine.run(cq, QueryChunk("warm", w, [shift(t, w * 10) for t in tables],
                                       [w * 10 + 1, w * 10 + 2], prev_instant=w * 10))
     for name in args.queries:
-        cq = compile_query(QUERIES[name], cfg, "TS")
+        cq = compile_query(ALL[name], cfg, "TS")
         for n in args.sizes:
             for k in args.instants:
                 tables = [make_stream(it.stream, n, k, seed=7 + j) for j, it in enumerate(cq.items)]
@@ -140,7 +146,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000], help="tuples per instant")
     ap.add_argument("--instants", type=int, nargs="+", default=[1, 4], help="instants per chunk")
-    ap.add_argument("--queries", nargs="+", default=list(QUERIES), choices=list(QUERIES))
+    ap.add_argument("--queries", nargs="+", default=list(QUERIES), choices=list(ALL))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured runs per configuration")
     ap.add_argument("--jvm-warmup", type=int, default=10, help="rounds of all queries before measuring")

@@ -184,6 +184,12 @@ class ChineseWall(Lattice):
             off += len(cls) + 1
         self._offsets = tuple(offsets)
 
+    @property
+    def mask_offsets(self) -> tuple[int, ...]:
+        """Bit offset of each COI class in the mask: class k uses ``len(coi[k]) + 1`` bits
+        from there (one per company, then a T bit)."""
+        return self._offsets
+
     # components ------------------------------------------------------------
     def components(self, level: str) -> tuple[str, ...]:
         return _split_vector(level)

@@ -139,7 +139,7 @@ def level_of_mask(lattice: Lattice, mask: str) -> str:
         return f"(CASE {whens} ELSE {sql_string(levels[0])} END)"
     if isinstance(lattice, ChineseWall):
         parts = []
-        for cls, off in zip(lattice.coi, lattice._offsets):
+        for cls, off in zip(lattice.coi, lattice.mask_offsets):
             n = len(cls)
             part = f"(shiftright({mask}, {off}) & {(1 << (n + 1)) - 1})"
             companies = f"({part} & {(1 << n) - 1})"
