@@ -70,6 +70,28 @@ class WorkerServicer(rpc.WorkerServicer):
                                refused=st["refused"])
 
 
+def warm_up(engine, config, level: str) -> None:
+    """Run one tiny chunk so the JVM has compiled the common paths before the first real one."""
+    import pyarrow as pa
+
+    from strata.chunking.model import QueryChunk
+    from strata.mlscql import compile_query
+
+    stream = next(iter(config.streams.values()), None)
+    if stream is None:
+        return
+    col = stream.columns[0][0]
+    cq = compile_query(f"SELECT COUNT({col}) FROM {stream.name} [ROWS 2]", config, level)
+    from strata.chunking.chunker import stream_schema
+
+    schema = stream_schema(stream)
+    empty = pa.Table.from_pylist([], schema=schema)
+    try:
+        engine.run(cq, QueryChunk("warm-up", -1, [empty], [0]))
+    except Exception as e:  # never fatal: the first real chunk just pays the cost
+        log.warning("warm-up failed: %s", e)
+
+
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
                  ready=None, stop_event: threading.Event | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop_event``)."""
@@ -78,7 +100,9 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     from strata.worker.spark import get_session
 
     spark = get_session(master=spark_master, app_name=f"strata-worker-{level}")
-    core = WorkerCore(config, level, Engine(spark, config))
+    engine = Engine(spark, config)
+    warm_up(engine, config, level)
+    core = WorkerCore(config, level, engine)
     servicer = WorkerServicer(core, spec.key)
     server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, max_workers=4)
     servicer.sid = address

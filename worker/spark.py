@@ -63,6 +63,9 @@ def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf:
     settings = dict(DEFAULT_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
+        # Spark's own host lookup (block manager, shuffle) would otherwise pick the
+        # first non-loopback interface; a local session stays on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if conf:
         settings.update({k: str(v) for k, v in conf.items()})
     with _lock:
