@@ -33,12 +33,36 @@ class Shepherd:
         self.level = self.lattice.parse(self.level)
         self._visible = sorted(self.lattice.dominated(self.level))
 
+    def canonical_levels(self, table: pa.Table) -> pa.Table:
+        """The batch with every level in canonical form; a missing, null or unknown level
+        rejects the whole batch (ShepherdError), so nothing is half accepted."""
+        if "level" not in table.column_names:
+            raise ShepherdError("labelled input needs a 'level' column")
+        col = table.column("level")
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            raise ShepherdError(f"the 'level' column must hold level names, not {col.type}")
+        if col.null_count:
+            raise ShepherdError(f"{col.null_count} tuple(s) have no level")
+        distinct = pc.unique(col).to_pylist()
+        canon = {}
+        for text in distinct:
+            try:
+                canon[text] = self.lattice.parse(text)
+            except ValueError:
+                raise ShepherdError(f"unknown level {text!r}") from None
+        if all(k == v for k, v in canon.items()):
+            return table
+        keys = pa.array(list(canon), pa.string())
+        vals = pa.array(list(canon.values()), pa.string())
+        fixed = pc.take(vals, pc.index_in(col, value_set=keys))
+        return table.set_column(table.column_names.index("level"), "level", fixed)
+
     def admit(self, stream: str, table: pa.Table) -> pa.Table:
         """Rows the master may hold; the rest are counted per stream, never kept."""
         if table.num_rows == 0:
             return table
+        table = self.canonical_levels(table)
         keep = pc.is_in(table.column("level"), value_set=pa.array(self._visible, pa.string()))
-        keep = pc.fill_null(keep, False)
         kept = table.filter(keep)
         n = table.num_rows - kept.num_rows
         if n:
@@ -50,8 +74,8 @@ class Shepherd:
         lv = self.lattice.parse(source_level)
         if "level" not in table.column_names:
             return table.append_column("level", pa.array([lv] * table.num_rows, pa.string()))
-        levels = table.column("level")
-        bad = pc.sum(pc.cast(pc.fill_null(pc.not_equal(levels, lv), True), pa.int64())).as_py() or 0
+        table = self.canonical_levels(table)
+        bad = pc.sum(pc.cast(pc.not_equal(table.column("level"), lv), pa.int64())).as_py() or 0
         if bad:
             raise ShepherdError(f"a source at level {lv} may only write level {lv}; {bad} tuple(s) carry another level")
         return table

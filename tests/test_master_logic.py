@@ -115,3 +115,23 @@ def test_silent_worker_dropped_and_chunks_returned():
     d.assign(7, "b")
     assert d.complete(7) == "b"
     assert d.complete(8) is None  # the lost worker's late answer is not attributed
+
+
+def test_shepherd_canonicalizes_before_filtering(chinese_wall):
+    sh = Shepherd(chinese_wall.lattice, "[⊥,B]")
+    t = pa.table({"ts": [1, 1], "level": ["[0,B]", "[ 0 , 0 ]"]})  # valid levels, non-canonical spellings
+    assert sh.admit("MessageLog", t).column("level").to_pylist() == ["[⊥,B]", "[⊥,⊥]"]
+    assert not sh.dropped
+
+
+@pytest.mark.parametrize("table, fragment", [
+    (pa.table({"ts": [1]}), "needs a 'level' column"),
+    (pa.table({"ts": [1], "level": [3]}), "must hold level names"),
+    (pa.table({"ts": [1, 2], "level": ["U", None]}), "have no level"),
+    (pa.table({"ts": [1], "level": ["SECRET"]}), "unknown level"),
+])
+def test_shepherd_rejects_bad_levels_whole(battlefield, table, fragment):
+    sh = Shepherd(battlefield.lattice, "S")
+    with pytest.raises(ShepherdError, match=fragment):
+        sh.admit("Vitals", table)
+    assert not sh.dropped
