@@ -1,0 +1,88 @@
+"""Worker failure during a run: kill -9 a worker mid-stream; the output still equals the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from strata.client import Client
+from strata.commands import start_cluster, stop_cluster
+from strata.config import parse_config
+
+from .conftest import BATTLEFIELD_TOML
+from .reference.evaluator import compare_results, evaluate
+from .tables import rows_of
+from .test_cluster_e2e import PASSWORD, write_config
+
+pytestmark = pytest.mark.slow
+
+QUERIES = [
+    "SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid",
+    "SELECT sid, bp FROM Vitals [RANGE 2 seconds] WHERE bp > 120",
+]
+
+
+def _streams(n_instants=40):
+    rows = []
+    for ts in range(1, n_instants + 1):
+        for k in range(3):
+            rows.append({"ts": ts, "level": ["U", "C", "S", "TS"][(ts + k) % 4], "sid": f"s{(ts * 7 + k) % 5}",
+                         "bp": float(90 + (ts * 13 + k * 29) % 90), "pr": 1.0, "weight": 1.0})
+    return {"Vitals": rows}
+
+
+def test_kill_9_worker_mid_stream(tmp_path):
+    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
+    state = tmp_path / "state"
+    masters = start_cluster(str(cfg_path), ["TS"], 2, state)
+    try:
+        workers = [p for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "worker"]
+        c = Client(masters["masters"]["TS"])
+        c.login("ann", PASSWORD, "TS")
+        regs = c.register(QUERIES)
+        got = {r.query_id: [] for r in regs}
+        ended = threading.Event()
+
+        def collect():
+            for qid, table in c.subscribe([r.query_id for r in regs]):
+                if table is not None:
+                    got[qid].extend(rows_of(table))
+            ended.set()
+
+        threading.Thread(target=collect, daemon=True).start()
+        streams = _streams()
+        table = pa.Table.from_pylist(streams["Vitals"])
+        c.ingest([("Vitals", table)], labelled=True)
+        c.advance(upto_ts=15)
+        deadline = time.monotonic() + 120
+        while not any(got.values()) and time.monotonic() < deadline:  # the run is under way
+            time.sleep(0.05)
+        assert any(got.values()), "no results before the kill"
+        victim = workers[0]["address"]
+
+        def victim_busy():
+            return any(w.sid == victim and w.in_flight > 0 for w in c.status().workers)
+
+        while not victim_busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(workers[0]["pid"], signal.SIGKILL)  # mid-chunk
+        c.advance(finish=True)
+        assert ended.wait(180), "results did not complete after the worker died"
+        cfg = parse_config(BATTLEFIELD_TOML)
+        for r, q in zip(regs, QUERIES):
+            compare_results(got[r.query_id], evaluate(q, cfg, "TS", streams))
+        # the dead worker leaves the group table (failed RPC or 3 s without heartbeats)
+        deadline = time.monotonic() + 10
+        while [w.sid for w in c.status().workers] != [workers[1]["address"]] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [w.sid for w in c.status().workers] == [workers[1]["address"]]
+        assert c.status().counters["redispatched"] >= 1
+        c.close()
+    finally:
+        stop_cluster(state)
