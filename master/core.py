@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
@@ -85,8 +86,6 @@ class MasterCore:
                 raise ValueError("input is finished; no more tuples are accepted")
             accepted, dropped = self.pipeline.ingest(stream, table, source_level)
             if accepted:
-                import pyarrow.compute as pc
-
                 mx = pc.max(table.column("ts")).as_py()
                 self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
             return accepted, dropped

@@ -12,6 +12,7 @@ import threading
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from strata.arrowio import from_ipc, to_ipc
 from strata.chunking.codec import decode_result, encode_chunk
@@ -85,8 +86,6 @@ class MasterServicer(rpc.MasterServicer):
                     continue
                 rows = r.rows
                 if after >= 0 and r.first_ts <= after:
-                    import pyarrow.compute as pc
-
                     rows = rows.filter(pc.greater(rows.column("ts"), after))
                 yield pb.ResultBatch(query_id=r.query_id, first_ts=r.first_ts, last_ts=r.last_ts,
                                      arrow=to_ipc(rows))

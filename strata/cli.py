@@ -11,7 +11,6 @@ import getpass
 import json
 import os
 import sys
-from pathlib import Path
 
 from . import __version__
 from .config import ConfigError, load_config

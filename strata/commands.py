@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from .cli import EXIT_ERROR, EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError, _config
+from .cli import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError, _config
 
 __all__ = ["register_all", "start_cluster", "stop_cluster"]
 

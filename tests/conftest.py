@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 import pytest
 
 from strata.config import parse_config
 from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
 
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
-
-DATA = Path(__file__).parent / "data"
 
 CHINESE_WALL_TOML = AUDIT_TOML  # the name the tests use
 

@@ -45,10 +45,6 @@ def test_query_arbitrary_text_only_raises_query_errors(battlefield, text):
         pass
 
 
-def _batch(draw_cols: dict) -> pa.Table:
-    return pa.table(draw_cols)
-
-
 values = st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=3), st.booleans())
 
 
