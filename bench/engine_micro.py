@@ -31,23 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from strata.chunking.model import QueryChunk  # noqa: E402
 from strata.config import parse_config  # noqa: E402
+from strata.examples import BATTLEFIELD_TOML  # noqa: E402
 from strata.mlscql import compile_query  # noqa: E402
 
-CONFIG = """
-[lattice]
-levels = ["U", "C", "S", "TS"]
-
-[streams.Vitals]
-sid = "string"
-bp = "double"
-pr = "double"
-weight = "double"
-
-[streams.Positions]
-sid = "string"
-lat = "double"
-lon = "string"
-"""
+CONFIG = BATTLEFIELD_TOML
 
 QUERIES = {
     "select": "SELECT sid, bp FROM Vitals[ROWS 100] WHERE bp > 120",

@@ -1,11 +1,10 @@
 """Strata chunking: the master's input chunks (dissertation §7.2) and their wire format."""
 
-from .chunker import ARROW_TYPES, UNIT_SECONDS, Chunker, ChunkingError, range_instants, stream_schema
+from .chunker import Chunker, ChunkingError, stream_schema
 from .codec import CodecError, decode_chunk, decode_result, encode_chunk, encode_result
 from .model import SYSTEM_FIELDS, Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
 
 __all__ = [
-    "ARROW_TYPES",
     "Chunk",
     "ChunkResult",
     "Chunker",
@@ -14,12 +13,10 @@ __all__ = [
     "LegacyMode",
     "QueryChunk",
     "SYSTEM_FIELDS",
-    "UNIT_SECONDS",
     "decode_chunk",
     "decode_result",
     "encode_chunk",
     "encode_result",
     "legacy_mode",
-    "range_instants",
     "stream_schema",
 ]

@@ -21,36 +21,18 @@ PARTITION BY windows).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata.arrowio import ARROW_TYPES
 from strata.lattice import LevelError
 
 from .model import Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
 
-__all__ = ["Chunker", "ChunkingError", "ARROW_TYPES", "UNIT_SECONDS", "stream_schema", "range_instants"]
-
-#: Arrow type of each declared attribute type
-ARROW_TYPES = {
-    "string": pa.string(),
-    "double": pa.float64(),
-    "long": pa.int64(),
-    "timestamp": pa.int64(),
-    "boolean": pa.bool_(),
-}
-
-#: seconds per RANGE unit (canonical unit names of the parser)
-UNIT_SECONDS = {
-    "milliseconds": 0.001,
-    "seconds": 1.0,
-    "minutes": 60.0,
-    "hours": 3600.0,
-    "days": 86400.0,
-}
+__all__ = ["Chunker", "ChunkingError", "stream_schema"]
 
 #: combine the Arrow chunks of a retained table once it is this fragmented
 _MAX_FRAGMENTS = 16
@@ -69,16 +51,6 @@ def stream_schema(schema) -> pa.Schema:
     fields = [pa.field("_seq", pa.int64()), pa.field("ts", pa.int64()), pa.field("level", pa.string())]
     fields += [pa.field(name, ARROW_TYPES[typ]) for name, typ in schema.columns]
     return pa.schema(fields)
-
-
-def range_instants(window, instant_seconds: float) -> int:
-    """Length of a RANGE window in instants: ``ceil(amount * unit / instant_seconds)``."""
-    unit = UNIT_SECONDS.get((window.range_unit or "seconds").lower())
-    if unit is None:
-        raise ChunkingError(f"unknown RANGE unit {window.range_unit!r}")
-    x = float(window.range_amount) * unit / float(instant_seconds)
-    # tolerate float noise (0.1 minutes = 6.000000000000001 s must stay 6)
-    return max(0, math.ceil(x - 1e-9 * max(1.0, abs(x))))
 
 
 # ---------------------------------------------------------------------------
@@ -285,7 +257,7 @@ class Chunker:
                     stream=stream,
                     kind=kind,
                     rows=w.rows,
-                    range_t=range_instants(w, self.config.instant_seconds) if kind == "range" else None,
+                    range_t=w.range_instants(self.config.instant_seconds) if kind == "range" else None,
                     partition_by=part,
                     unbounded_mode=mode if kind == "unbounded" else None,
                     level_set=pa.array(sorted(w.levels), pa.string()),

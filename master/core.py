@@ -72,8 +72,8 @@ class MasterCore:
         compiled = [compile_query(t, self.config, self.level) for t in texts]  # raises QueryError
         out = []
         with self.cond:
-            for text, _ in zip(texts, compiled):
-                qid, cq = self.pipeline.add_query(text)
+            for text, cq in zip(texts, compiled):
+                qid, cq = self.pipeline.add_query(text, compiled=cq)
                 info = QueryInfo(qid, text, user, cq.rewritten, cq.r2s, [c.name for c in cq.outputs])
                 self.queries[qid] = info
                 out.append(info)

@@ -50,9 +50,13 @@ class QueryPipeline:
         self._ids = itertools.count(1)
 
     # -- queries ----------------------------------------------------------------------
-    def add_query(self, text: str, query_id: str | None = None) -> tuple[str, CompiledQuery]:
-        """Compile at the master's level (raises QueryError) and start feeding it."""
-        cq = compile_query(text, self.config, self.level)
+    def add_query(self, text: str, query_id: str | None = None,
+                  compiled: CompiledQuery | None = None) -> tuple[str, CompiledQuery]:
+        """Compile at the master's level (raises QueryError) and start feeding it.
+
+        ``compiled``: ``text`` already compiled at this level (not compiled again).
+        """
+        cq = compiled if compiled is not None else compile_query(text, self.config, self.level)
         qid = query_id or f"q{next(self._ids)}"
         self.chunker.add_query(qid, cq)
         self.queries[qid] = cq

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["to_ipc", "from_ipc"]
+__all__ = ["ARROW_TYPES", "to_ipc", "from_ipc"]
+
+#: Arrow type of each MLS-CQL value type (declared attributes, levels, output columns)
+ARROW_TYPES = {
+    "string": pa.string(),
+    "double": pa.float64(),
+    "long": pa.int64(),
+    "timestamp": pa.int64(),
+    "boolean": pa.bool_(),
+    "level": pa.string(),
+    "null": pa.string(),
+}
 
 
 def to_ipc(table: pa.Table) -> bytes:

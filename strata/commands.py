@@ -298,7 +298,7 @@ def read_input(cfg, stream: str, path: str):
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
 
-    from strata.chunking.chunker import ARROW_TYPES
+    from strata.arrowio import ARROW_TYPES
 
     schema = cfg.stream(stream)
     if schema is None:
@@ -487,25 +487,24 @@ def _add(sub) -> None:
     down.add_argument("--state-dir", required=True)
     down.set_defaults(func=cmd_down)
 
+    def client(p):
+        p.add_argument("--config", required=True)
+        p.add_argument("--master", required=True, help="the master's host:port")
+        p.add_argument("--user", required=True, help="password from STRATA_PASSWORD (or prompted)")
+
     st = sub.add_parser("status", help="the group of a master's level")
-    st.add_argument("--config", required=True)
-    st.add_argument("--master", required=True)
-    st.add_argument("--user", required=True)
+    client(st)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
     q = sub.add_parser("query", help="register queries and stream results (Ctrl-C to stop)")
-    q.add_argument("--config", required=True)
-    q.add_argument("--master", required=True)
-    q.add_argument("--user", required=True)
+    client(q)
     q.add_argument("--query", action="append", required=True)
     q.add_argument("--format", choices=["csv", "json"], default="csv")
     q.set_defaults(func=cmd_query)
 
     ing = sub.add_parser("ingest", help="send a CSV/JSONL file of tuples to a master")
-    ing.add_argument("--config", required=True)
-    ing.add_argument("--master", required=True)
-    ing.add_argument("--user", required=True)
+    client(ing)
     ing.add_argument("--input", action="append", required=True, help="STREAM=FILE")
     ing.add_argument("--rate", type=float, default=0, help="tuples per second (0: as fast as possible)")
     ing.add_argument("--labelled", action="store_true", help="rows carry their own level column")

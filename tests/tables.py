@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-ARROW = {"string": pa.string(), "double": pa.float64(), "long": pa.int64(), "timestamp": pa.int64(),
-         "boolean": pa.bool_()}
-
+from strata.arrowio import ARROW_TYPES
 
 def to_table(config, stream: str, rows: list[dict]) -> pa.Table:
     schema = config.streams[stream]
     fields = [pa.field("ts", pa.int64()), pa.field("level", pa.string())]
-    fields += [pa.field(c, ARROW[t]) for c, t in schema.columns]
+    fields += [pa.field(c, ARROW_TYPES[t]) for c, t in schema.columns]
     sch = pa.schema(fields)
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in sch} for r in rows], schema=sch)
 

@@ -67,24 +67,14 @@ import pyarrow.compute as pc
 
 from strata.chunking.model import ChunkResult, LegacyMode, QueryChunk, legacy_mode
 from strata.config import Config
+from strata.arrowio import ARROW_TYPES
 from strata.mlscql import ast as A
 from strata.mlscql.analyze import CompiledQuery
 
 from .expr import SPARK_TYPES, SqlCompiler, ident, level_of_mask
 from .windows import TAU, end_array, end_sql, instants_sql, membership_sql, useful_rows
 
-__all__ = ["Engine", "EngineError", "ARROW_TYPES", "result_schema"]
-
-#: MLS-CQL type → Arrow type of a result column
-ARROW_TYPES = {
-    "string": pa.string(),
-    "double": pa.float64(),
-    "long": pa.int64(),
-    "timestamp": pa.int64(),
-    "boolean": pa.bool_(),
-    "level": pa.string(),
-    "null": pa.string(),
-}
+__all__ = ["Engine", "EngineError", "result_schema"]
 
 MASK = "_mask"
 ROWS = "_rows"

@@ -27,7 +27,6 @@ by ``_tau``.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +35,7 @@ import pyarrow.compute as pc
 from strata.mlscql import ast as A
 
 __all__ = [
-    "UNIT_SECONDS", "TAU", "FOREVER", "range_instants", "end_sql", "end_array", "useful_rows",
+    "TAU", "FOREVER", "end_sql", "end_array", "useful_rows",
     "membership_sql", "instants_sql",
 ]
 
@@ -44,22 +43,6 @@ TAU = "_tau"
 END = "_end"
 #: interval end standing for ∞ in :func:`end_array`
 FOREVER = np.iinfo(np.int64).max
-
-UNIT_SECONDS = {
-    "milliseconds": 0.001,
-    "seconds": 1.0,
-    "minutes": 60.0,
-    "hours": 3600.0,
-    "days": 86400.0,
-}
-
-
-def range_instants(window: A.Window, instant_seconds: float) -> int:
-    """``T`` of ``RANGE amount unit`` in instants: ``ceil(amount * unit / instant_seconds)``."""
-    secs = float(window.range_amount) * UNIT_SECONDS[window.range_unit or "seconds"]
-    # round away float noise (0.1 s over 0.1 s instants must stay 1, not become 2)
-    return max(0, math.ceil(round(secs / float(instant_seconds), 9)))
-
 
 def end_sql(window: A.Window, ts: str, seq: str, partition: list[str], instant_seconds: float) -> str | None:
     """SQL for the exclusive end of each tuple's interval; ``None`` means ∞ for every tuple.
@@ -73,7 +56,7 @@ def end_sql(window: A.Window, ts: str, seq: str, partition: list[str], instant_s
     if kind == "now":
         return f"({ts} + 1)"
     if kind == "range":
-        return f"({ts} + {range_instants(window, instant_seconds)})"
+        return f"({ts} + {window.range_instants(instant_seconds)})"
     if kind in ("rows", "partition"):
         n = int(window.rows)
         if n <= 0:
@@ -98,7 +81,7 @@ def end_array(window: A.Window, ts: np.ndarray, partition: list[pa.ChunkedArray]
     if kind == "now":
         return ts + 1
     if kind == "range":
-        return ts + range_instants(window, instant_seconds)
+        return ts + window.range_instants(instant_seconds)
     if kind not in ("rows", "partition"):
         raise ValueError(f"unknown window kind {kind!r}")
     rows = int(window.rows)

@@ -8,16 +8,19 @@ level set).  Pipelines build new trees with ``dataclasses.replace``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
 __all__ = [
     "Expr", "Column", "Literal", "LevelLiteral", "Unary", "Binary", "InList", "DominatedBy",
     "IsNull", "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query",
-    "AGGREGATES", "COMPARISONS", "ARITHMETIC", "walk", "aggregates_in", "columns_in",
+    "AGGREGATES", "UNIT_SECONDS", "COMPARISONS", "ARITHMETIC", "walk", "aggregates_in", "columns_in",
 ]
 
 AGGREGATES = ("COUNT", "SUM", "AVG", "MIN", "MAX")
+#: seconds per RANGE unit (the parser's canonical unit names)
+UNIT_SECONDS = {"milliseconds": 0.001, "seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
 COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
 ARITHMETIC = ("+", "-", "*", "/", "%")
 
@@ -99,6 +102,16 @@ class Window:
     range_unit: str | None = None  # canonical unit name: seconds, minutes, hours, days, milliseconds
     partition_by: tuple[str, ...] = ()
     clause: LevelClause | None = None
+
+    def range_instants(self, instant_seconds: float) -> int:
+        """``T`` of ``RANGE amount unit`` in instants: ``ceil(amount * unit / instant_seconds)``.
+
+        The chunker (legacy) and the engine (window contents) must agree on it, so
+        both call this.
+        """
+        secs = float(self.range_amount) * UNIT_SECONDS[(self.range_unit or "seconds").lower()]
+        # round away float noise (0.1 s over 0.1 s instants must stay 1, not become 2)
+        return max(0, math.ceil(round(secs / float(instant_seconds), 9)))
 
     @property
     def levels(self) -> frozenset[str] | None:
