@@ -138,16 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: later subsystems (cluster, replay) add their subcommands here
+#: modules that add subcommands: each defines ``add_parsers(sub)``
+EXTENSION_MODULES = ["strata.commands", "strata.deploy.cli", "strata.deploy.scale_cli"]
 _EXTENSIONS: list = []
 
 
 def _load_extensions() -> None:
-    try:
-        from .commands import register_all
-    except ImportError:
+    import importlib
+    import importlib.util
+
+    if _EXTENSIONS:
         return
-    register_all(_EXTENSIONS)
+    for name in EXTENSION_MODULES:
+        if importlib.util.find_spec(name) is None:  # a subsystem not built yet
+            continue
+        _EXTENSIONS.append(importlib.import_module(name).add_parsers)
 
 
 def main(argv: list[str] | None = None) -> int:

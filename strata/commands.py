@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .cli import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError, _config
 
-__all__ = ["register_all", "start_cluster", "stop_cluster"]
+__all__ = ["add_parsers", "start_cluster", "stop_cluster"]
 
 
 def _progress(msg: str) -> None:
@@ -449,11 +449,7 @@ def cmd_demo(args) -> int:
 
 
 # ---- registration ------------------------------------------------------------------------------
-def register_all(extensions: list) -> None:
-    extensions.append(_add)
-
-
-def _add(sub) -> None:
+def add_parsers(sub) -> None:
     def common(p, level=True):
         p.add_argument("--config", required=True)
         if level:
