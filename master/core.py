@@ -61,6 +61,7 @@ class MasterCore:
         self._clock = clock
         self.cond = threading.Condition()
         self.redispatched = 0
+        self.refused: dict[str, int] = {}  # calls refused at the transport (reason → n)
         self.last_input_ts: int | None = None
         self.last_output_ts: int | None = None
 
@@ -215,7 +216,7 @@ class MasterCore:
                 "backlog_chunks": self.pipeline.backlog,
                 "ready_chunks": len(self._ready),
                 "lag_instants": max(0.0, lag),
-                "rejected": dict(self.pipeline.chunker.rejected),
+                "rejected": dict(self.pipeline.chunker.rejected) | {f"transport:{k}": v for k, v in self.refused.items()},
                 "dropped_by_shepherd": dict(self.pipeline.shepherd.dropped),
                 "counters": dict(self.pipeline.counters) | {"redispatched": self.redispatched,
                                                               "duplicates": self.pipeline.merger.duplicates},

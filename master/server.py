@@ -132,12 +132,12 @@ class MasterServicer(rpc.MasterServicer):
 class DispatchLoop:
     """Sends ready chunks to workers (async gRPC) and feeds results back to the core."""
 
-    def __init__(self, core: MasterCore, key: bytes, member, rpc_deadline: float = 30.0, credentials=None):
+    def __init__(self, core: MasterCore, key: bytes, member, rpc_deadline: float = 30.0, tls_dir=None):
         self.core = core
         self.key = key
         self.member = member
         self.rpc_deadline = rpc_deadline
-        self.credentials = credentials
+        self.tls_dir = tls_dir
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
@@ -155,7 +155,12 @@ class DispatchLoop:
     def _stub(self, sid: str) -> rpc.WorkerStub:
         if sid not in self._stubs:
             opts = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
-            ch = grpc.secure_channel(sid, self.credentials, opts) if self.credentials else grpc.insecure_channel(sid, opts)
+            if self.tls_dir is not None:  # the worker must prove it is a worker of this level
+                from strata.tls import secure_channel
+
+                ch = secure_channel(sid, self.tls_dir, "master", self.core.level, "worker", opts)
+            else:
+                ch = grpc.insecure_channel(sid, opts)
             self._stubs[sid] = rpc.WorkerStub(ch)
         return self._stubs[sid]
 
@@ -196,17 +201,28 @@ class DispatchLoop:
 
 
 def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
-                 ready=None, stop_event: threading.Event | None = None) -> None:
+                 ready=None, stop_event: threading.Event | None = None, tls_dir=None) -> None:
+    """Run a master until SIGTERM/SIGINT (or ``stop_event``).
+
+    With ``tls_dir``: clients must present a ``client`` certificate of this
+    level, and workers a ``worker`` certificate of this level.
+    """
     from strata.worker.group import GroupMember
 
     core = MasterCore(config, level, chunk_instants=chunk_instants)
     sessions = Sessions(users, core.level)
     servicer = MasterServicer(core, sessions)
-    server, address = build_server(rpc.add_MasterServicer_to_server, servicer, listen, max_workers=16,
-                                   max_receive=64 * 1024 * 1024)
+    creds, interceptors = None, ()
+    if tls_dir is not None:
+        from strata.tls import PeerCheck, server_credentials
+
+        creds = server_credentials(tls_dir, "master", core.level)
+        interceptors = (PeerCheck(core.level, ("client",), refused=core.refused),)
+    server, address = build_server(rpc.add_MasterServicer_to_server, servicer, listen, credentials=creds,
+                                   max_workers=16, max_receive=64 * 1024 * 1024, interceptors=interceptors)
     member = GroupMember(spec, sid=address, role="master")
     member.state = "master"
-    loop = DispatchLoop(core, spec.key, member)
+    loop = DispatchLoop(core, spec.key, member, tls_dir=tls_dir)
     server.start()
     member.start()
     loop.start()

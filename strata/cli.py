@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"strata: {e}", file=sys.stderr)
         return e.code
+    except ConfigError as e:  # e.g. a missing group key found while starting a process
+        print(f"strata: {e}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -27,10 +27,26 @@ class QueryRejected(ClientError):
 
 
 class Client:
-    def __init__(self, address: str, credentials=None, timeout: float = 60.0):
+    """A session with one master.
+
+    ``tls_dir`` (from ``strata certs``): connect with mutual TLS, presenting the
+    ``client-<level>`` certificate and accepting only the master of ``level``
+    (default: the level of the only client certificate in the directory).
+    Without it the channel is plaintext, which a TLS master refuses.
+    """
+
+    def __init__(self, address: str, tls_dir=None, level: str | None = None, timeout: float = 60.0):
         opts = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024)]
-        self.channel = grpc.secure_channel(address, credentials, opts) if credentials else grpc.insecure_channel(address, opts)
+        if tls_dir is not None:
+            from strata.tls import TlsError, find_client_level, secure_channel
+
+            level = level or find_client_level(tls_dir)
+            if level is None:
+                raise TlsError(f"{tls_dir}: several or no client certificates; say which level to use")
+            self.channel = secure_channel(address, tls_dir, "client", level, "master", opts)
+        else:
+            self.channel = grpc.insecure_channel(address, opts)
         self.stub = rpc.MasterStub(self.channel)
         self.timeout = timeout
         self.token: str | None = None

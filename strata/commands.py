@@ -54,13 +54,31 @@ def _ready_writer(path: str | None, role: str):
 
 
 # ---- processes ---------------------------------------------------------------------
+def _server_tls(args, cfg, role: str):
+    """The TLS directory a master/worker serves with, or None with --insecure."""
+    from .tls import has_material
+
+    if args.insecure:
+        _progress(f"WARNING: {role} runs without TLS (--insecure); only the group key protects it")
+        return None
+    level = cfg.lattice.parse(args.level)
+    tls_dir = Path(args.tls_dir) if args.tls_dir else (Path(args.state_dir) / "tls" if args.state_dir else None)
+    if tls_dir is None or not has_material(tls_dir, role, level):
+        where = tls_dir or "--tls-dir"
+        raise CliError(f"no TLS certificate for the {role} of level {level} in {where}: create one with "
+                       f"`strata certs --config ... --levels {level} --out DIR` and pass --tls-dir DIR "
+                       f"(or --insecure for a development cluster)")
+    return tls_dir
+
+
 def cmd_worker(args) -> int:
     from strata.worker.server import serve_worker
 
     cfg = _config(args)
+    tls_dir = _server_tls(args, cfg, "worker")
     spec = _spec(args, cfg)
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
-                 ready=_ready_writer(args.ready_file, "worker"))
+                 ready=_ready_writer(args.ready_file, "worker"), tls_dir=tls_dir)
     return EXIT_OK
 
 
@@ -69,21 +87,60 @@ def cmd_master(args) -> int:
     from strata.users import UserStore
 
     cfg = _config(args)
+    tls_dir = _server_tls(args, cfg, "master")
     spec = _spec(args, cfg)
     users = UserStore(cfg.users_path, cfg.lattice)
     chunk_instants = max(1, round(args.chunk_seconds / cfg.instant_seconds))
     serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
-                 ready=_ready_writer(args.ready_file, "master"))
+                 ready=_ready_writer(args.ready_file, "master"), tls_dir=tls_dir)
+    return EXIT_OK
+
+
+def split_levels(text: str) -> list[str]:
+    """``S,TS`` or ``[1,B],[⊥,T]``: commas inside brackets belong to a level."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return [x for x in out if x]
+
+
+def _levels(cfg, text: str) -> list[str]:
+    try:
+        return [cfg.lattice.parse(x) for x in split_levels(text)]
+    except ValueError as e:
+        raise CliError(f"--levels: {e}", EXIT_REJECTED) from None
+
+
+def cmd_certs(args) -> int:
+    from .tls import create_deployment
+
+    cfg = _config(args)
+    levels = _levels(cfg, args.levels)
+    hosts = [h.strip() for h in (args.hosts or "").split(",") if h.strip()]
+    written = create_deployment(Path(args.out), levels, hosts, roles=tuple(args.roles.split(",")))
+    for f in written:
+        print(f)
+    _progress(f"CA in {Path(args.out) / 'ca.pem'} (keep ca.key off the hosts); give each host only the "
+              f"files of its own level")
     return EXIT_OK
 
 
 # ---- embedded cluster ------------------------------------------------------------------
 def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
                   multicast_port: int | None = None, spark_master: str = "local[1]", timeout: float = 180.0,
-                  worker_env: dict[int, dict] | None = None) -> dict:
+                  worker_env: dict[int, dict] | None = None, tls: bool = True) -> dict:
     """Start one master and ``workers`` workers per level as background processes.
 
     ``worker_env``: extra environment per worker index (e.g. an injected CPU reading).
+    With ``tls`` (the default) every link is mutual TLS with certificates made
+    in ``state_dir/tls`` (client certificates too: ``client-<level>.pem``).
     """
     from .config import load_config
     from .groups import group_spec, level_slug
@@ -96,6 +153,12 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     levels = [cfg.lattice.parse(lv) for lv in levels]
     for lv in levels:
         group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
+    if tls:
+        from .tls import create_deployment, has_material
+
+        missing = [lv for lv in levels if not all(has_material(state_dir / "tls", r, lv) for r in ("master", "worker", "client"))]
+        if missing:
+            create_deployment(state_dir / "tls", missing)
     procs = []
     base = [sys.executable, "-m", "strata"]
     for lv in levels:
@@ -107,6 +170,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             cmd = base + [role, "--config", str(Path(config).resolve()), "--level", lv, "--listen", "127.0.0.1:0",
                           "--state-dir", str(state_dir.resolve()), "--multicast-port", str(port),
                           "--ready-file", str(ready)]
+            if not tls:
+                cmd.append("--insecure")
             if role == "master":
                 cmd += ["--chunk-seconds", str(chunk_seconds)]
             else:
@@ -118,7 +183,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env=env)
             procs.append({"name": name, "role": role, "level": lv, "pid": p.pid, "ready": str(ready)})
-    record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs}
+    record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs,
+              "tls_dir": str((state_dir / "tls").resolve()) if tls else None}
     (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
     deadline = time.monotonic() + timeout
     pending = {p["name"] for p in procs}
@@ -141,7 +207,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         stop_cluster(state_dir)
         raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
     (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
-    return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"}}
+    return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
+            "tls_dir": record["tls_dir"]}
 
 
 def _alive(pid: int) -> bool:
@@ -181,9 +248,9 @@ def stop_cluster(state_dir: Path, timeout: float = 15.0) -> int:
 
 
 def cmd_up(args) -> int:
-    levels = [x.strip() for x in args.levels.split(",") if x.strip()]
+    levels = _levels(_config(args), args.levels)
     out = start_cluster(args.config, levels, args.workers, Path(args.state_dir), args.chunk_seconds,
-                        args.multicast_port or None)
+                        args.multicast_port or None, tls=not args.insecure)
     print(json.dumps(out))
     return EXIT_OK
 
@@ -206,10 +273,27 @@ def _password() -> str:
     return pw
 
 
-def _login(address: str, user: str, level: str = ""):
-    from .client import Client, ClientError, LoginFailed
+def _client_level(args) -> str:
+    if not getattr(args, "level", None):
+        return ""
+    try:
+        return _config(args).lattice.parse(args.level)
+    except ValueError as e:
+        raise CliError(f"--level: {e}", EXIT_REJECTED) from None
 
-    c = Client(address)
+
+def _client_tls(args) -> str | None:
+    return getattr(args, "tls_dir", None) or os.environ.get("STRATA_TLS_DIR") or None
+
+
+def _login(address: str, user: str, level: str = "", tls_dir: str | None = None):
+    from .client import Client, ClientError, LoginFailed
+    from .tls import TlsError
+
+    try:
+        c = Client(address, tls_dir=tls_dir, level=level or None)
+    except TlsError as e:
+        raise CliError(str(e)) from None
     try:
         c.login(user, _password(), level)
     except LoginFailed as e:
@@ -217,12 +301,13 @@ def _login(address: str, user: str, level: str = ""):
         raise CliError(str(e), EXIT_LOGIN) from None
     except ClientError as e:
         c.close()
-        raise CliError(f"cannot reach master {address}: {e}") from None
+        hint = "" if tls_dir else " (a TLS master needs --tls-dir with a client certificate of its level)"
+        raise CliError(f"cannot reach master {address}: {e}{hint}") from None
     return c
 
 
 def cmd_status(args) -> int:
-    c = _login(args.master, args.user)
+    c = _login(args.master, args.user, _client_level(args), _client_tls(args))
     st = c.status()
     out = {
         "level": st.level,
@@ -268,7 +353,7 @@ def _fmt(v) -> str:
 
 
 def cmd_query(args) -> int:
-    c = _login(args.master, args.user)
+    c = _login(args.master, args.user, _client_level(args), _client_tls(args))
     regs = _register(c, args.query)
     names = {r.query_id: list(r.columns) for r in regs}
     writer = csv.writer(sys.stdout) if args.format == "csv" else None
@@ -335,7 +420,7 @@ def _batches(inputs, rows: int = 65536):
 def cmd_ingest(args) -> int:
     cfg = _config(args)
     inputs = _parse_inputs(cfg, args.input)
-    c = _login(args.master, args.user)
+    c = _login(args.master, args.user, _client_level(args), _client_tls(args))
     total = sum(t.num_rows for _, t in inputs)
     sent = 0
     t0 = time.monotonic()
@@ -362,11 +447,16 @@ def cmd_ingest(args) -> int:
 
 
 def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
-           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None) -> int:
+           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None, tls_dir: str | None = None) -> int:
     from .config import load_config
 
     cfg = load_config(config_path)
     data = _parse_inputs(cfg, inputs)
+    if level:
+        try:
+            level = cfg.lattice.parse(level)
+        except ValueError as e:
+            raise CliError(f"--level: {e}", EXIT_REJECTED) from None
     tmp = None
     if master is None:
         if level is None:
@@ -378,9 +468,10 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             level = u.clearance
         tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
         _progress(f"starting an embedded cluster at level {level} with {workers} workers")
-        master = start_cluster(config_path, [level], workers, tmp, chunk_seconds)["masters"][cfg.lattice.parse(level)]
+        started = start_cluster(config_path, [level], workers, tmp, chunk_seconds)
+        master, tls_dir = started["masters"][cfg.lattice.parse(level)], started["tls_dir"]
     try:
-        c = _login(master, user, level or "")
+        c = _login(master, user, level or "", tls_dir)
         regs = _register(c, queries)
         results: dict[str, list] = {r.query_id: [] for r in regs}
         error: list[BaseException] = []
@@ -439,7 +530,7 @@ def cmd_replay(args) -> int:
     if args.master is None and args.workers < 1:
         raise CliError("--workers must be at least 1", EXIT_REJECTED)
     return replay(args.config, args.user, args.level, args.query, args.input, args.output, args.workers,
-                  args.chunk_seconds, args.master)
+                  args.chunk_seconds, args.master, _client_tls(args))
 
 
 def cmd_demo(args) -> int:
@@ -457,6 +548,9 @@ def add_parsers(sub) -> None:
         p.add_argument("--state-dir", help="where keys, logs and state live")
         p.add_argument("--multicast-port", type=int, help="override the group's multicast port")
         p.add_argument("--ready-file", help=argparse_suppress())
+        if level:
+            p.add_argument("--tls-dir", help="certificates from `strata certs` (default: STATE_DIR/tls)")
+            p.add_argument("--insecure", action="store_true", help="no TLS (development only)")
 
     w = sub.add_parser("worker", help="run a worker of one level (gRPC + Spark + group heartbeats)")
     common(w)
@@ -477,7 +571,16 @@ def add_parsers(sub) -> None:
     up.add_argument("--state-dir", required=True)
     up.add_argument("--chunk-seconds", type=float, default=1.0)
     up.add_argument("--multicast-port", type=int, default=0)
+    up.add_argument("--insecure", action="store_true", help="no TLS (development only)")
     up.set_defaults(func=cmd_up)
+
+    ce = sub.add_parser("certs", help="create a CA and per-level certificates for masters, workers and clients")
+    ce.add_argument("--config", required=True)
+    ce.add_argument("--levels", required=True, help="comma-separated levels")
+    ce.add_argument("--out", required=True, help="directory for ca.pem/ca.key and <role>-<level>.pem/.key")
+    ce.add_argument("--hosts", help="extra DNS names/IP addresses for the certificates")
+    ce.add_argument("--roles", default="master,worker,client")
+    ce.set_defaults(func=cmd_certs)
 
     down = sub.add_parser("down", help="stop what `strata up` started in a state dir")
     down.add_argument("--state-dir", required=True)
@@ -487,6 +590,8 @@ def add_parsers(sub) -> None:
         p.add_argument("--config", required=True)
         p.add_argument("--master", required=True, help="the master's host:port")
         p.add_argument("--user", required=True, help="password from STRATA_PASSWORD (or prompted)")
+        p.add_argument("--level", help="login level (default: the master's)")
+        p.add_argument("--tls-dir", help="client certificate from `strata certs` (default: $STRATA_TLS_DIR)")
 
     st = sub.add_parser("status", help="the group of a master's level")
     client(st)
@@ -517,6 +622,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--chunk-seconds", type=float, default=1.0)
     r.add_argument("--master")
+    r.add_argument("--tls-dir", help="client certificate for --master (default: $STRATA_TLS_DIR)")
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="the main job: battlefield replay on an embedded cluster")

@@ -9,6 +9,10 @@ From the configuration::
     ttl = 0                      # 0: this host only; 1: one hop (a bridge between hosts)
     key_file = "keys/S.key"      # 32+ random bytes, hex; relative to the config file
 
+A deployment may override ``address``, ``interface`` and ``ttl`` per process through
+the environment (``STRATA_GROUP_ADDRESS``, ``STRATA_GROUP_INTERFACE``,
+``STRATA_GROUP_TTL``): ``strata deploy`` gives every host its own interface.
+
 Without a key in the configuration, ``strata up`` generates one per level in
 its state directory.  The key authenticates heartbeats (HMAC) and
 master→worker calls (HMAC over the request), so a process of another level, or
@@ -69,6 +73,7 @@ def group_spec(config: Config, level: str, state_dir: Path | None = None, create
     port = int(g.get("port") or cluster.get("multicast_port") or 47000)
     interface = g.get("interface", cluster.get("interface", "127.0.0.1"))
     ttl = int(g.get("ttl", cluster.get("multicast_ttl", 0)))
+    address, interface, ttl = _env_overrides(address, interface, ttl)
     interval = float(cluster.get("heartbeat_seconds", 0.5))
     if "key" in g:
         key = bytes.fromhex(str(g["key"]))
@@ -84,6 +89,40 @@ def group_spec(config: Config, level: str, state_dir: Path | None = None, create
         key = load_or_create_key(kf, create_key)
     return GroupSpec(level=level, address=address, port=port, key=key, interface=interface, ttl=ttl,
                      interval=interval)
+
+
+def _env_overrides(address: str, interface: str, ttl: int) -> tuple[str, str, int]:
+    """Per-process overrides from the environment (``strata deploy`` sets them per host).
+
+    ``STRATA_GROUP_ADDRESS`` (the level's multicast group), ``STRATA_GROUP_INTERFACE``
+    (this host's interface address: where heartbeats go out and the group is joined)
+    and ``STRATA_GROUP_TTL``.  A process serves one level, so they apply to its group.
+    """
+    import ipaddress
+
+    env = os.environ
+    if env.get("STRATA_GROUP_ADDRESS"):
+        address = env["STRATA_GROUP_ADDRESS"].strip()
+        try:
+            ok = ipaddress.IPv4Address(address).is_multicast
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"STRATA_GROUP_ADDRESS={address!r} is not an IPv4 multicast address")
+    if env.get("STRATA_GROUP_INTERFACE"):
+        interface = env["STRATA_GROUP_INTERFACE"].strip()
+        try:
+            ipaddress.IPv4Address(interface)
+        except ValueError:
+            raise ConfigError(f"STRATA_GROUP_INTERFACE={interface!r} is not an IPv4 interface address") from None
+    if env.get("STRATA_GROUP_TTL"):
+        try:
+            ttl = int(env["STRATA_GROUP_TTL"])
+        except ValueError:
+            ttl = -1
+        if not 0 <= ttl <= 255:
+            raise ConfigError(f"STRATA_GROUP_TTL={env['STRATA_GROUP_TTL']!r} must be 0..255")
+    return address, interface, ttl
 
 
 def sign_request(key: bytes, level: str, payload_digest: bytes, now: float | None = None) -> str:

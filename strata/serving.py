@@ -15,10 +15,15 @@ MAX_MESSAGE = 256 * 1024 * 1024
 
 
 def build_server(add_servicer: Callable, servicer, listen: str, credentials=None, max_workers: int = 8,
-                 max_receive: int = MAX_MESSAGE) -> tuple[grpc.Server, str]:
-    """An unstarted server that knows its bound address ("host:port"; port 0 picks one)."""
+                 max_receive: int = MAX_MESSAGE, interceptors=()) -> tuple[grpc.Server, str]:
+    """An unstarted server that knows its bound address ("host:port"; port 0 picks one).
+
+    With ``credentials`` (mutual TLS) the port is a TLS port; ``interceptors``
+    run before every handler (e.g. :class:`strata.tls.PeerCheck`).
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
+        interceptors=list(interceptors),
         options=[("grpc.max_receive_message_length", max_receive), ("grpc.max_send_message_length", MAX_MESSAGE),
                  ("grpc.so_reuseport", 0)],
     )

@@ -24,6 +24,7 @@ from strata.groups import AUTH_HEADER, group_spec, sign_request
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import UserStore
+from strata.tls import issue, make_ca, secure_channel
 from strata.worker.group import Heartbeat, encode_heartbeat
 
 from .conftest import BATTLEFIELD_TOML, CHINESE_WALL_TOML
@@ -88,7 +89,7 @@ def cluster(tmp_path_factory):
     masters = start_cluster(str(cfg), ["S", "TS"], 2, state,
                             worker_env={0: {"STRATA_CPU_OVERRIDE": "5"}, 1: {"STRATA_CPU_OVERRIDE": "95"}})
     record = json.loads((state / "cluster.json").read_text())
-    yield {"config": cfg, "state": state, "masters": masters["masters"], "record": record}
+    yield {"config": cfg, "state": state, "masters": masters["masters"], "record": record, "tls": masters["tls_dir"]}
     stop_cluster(state)
 
 
@@ -97,7 +98,7 @@ def workers_of(cluster, level):
 
 
 def client(cluster, level, user):
-    c = Client(cluster["masters"][level])
+    c = Client(cluster["masters"][level], tls_dir=cluster["tls"], level=level)
     c.login(user, PASSWORD, level)
     return c
 
@@ -112,7 +113,7 @@ def test_group_tables_hold_only_their_level(cluster):
 
 def test_status_cli_json(cluster):
     r = strata("status", "--config", str(cluster["config"]), "--master", cluster["masters"]["S"], "--user", "sam",
-               "--json")
+               "--json", "--tls-dir", cluster["tls"], "--level", "S")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["level"] == "S"
@@ -144,7 +145,7 @@ def test_forged_and_wrong_key_heartbeats_are_ignored(cluster):
 def _worker_info(cluster, level, sid):
     cfg = load_config(cluster["config"])
     key = group_spec(cfg, level, cluster["state"]).key
-    stub = rpc.WorkerStub(grpc.insecure_channel(sid))
+    stub = rpc.WorkerStub(secure_channel(sid, cluster["tls"], "master", level, "worker"))
     return stub.Info(pb.Empty(), metadata=((AUTH_HEADER, sign_request(key, level, b"info")),), timeout=10)
 
 
@@ -189,12 +190,12 @@ def test_busy_worker_gets_no_chunk(cluster):
 
 
 def test_wrong_level_login_and_unsigned_worker_calls_refused(cluster):
-    c = Client(cluster["masters"]["S"])
+    c = Client(cluster["masters"]["S"], tls_dir=cluster["tls"], level="S")
     with pytest.raises(Exception, match="serves level S"):
         c.login("tess", PASSWORD, "TS")  # clearance TS, but this master is S
     c.close()
     sid = workers_of(cluster, "S")[0]
-    stub = rpc.WorkerStub(grpc.insecure_channel(sid))
+    stub = rpc.WorkerStub(secure_channel(sid, cluster["tls"], "master", "S", "worker"))
     with pytest.raises(grpc.RpcError) as e:
         stub.Execute(pb.ExecuteRequest(level="S", chunk=b""), timeout=10)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -206,6 +207,75 @@ def test_wrong_level_login_and_unsigned_worker_calls_refused(cluster):
     with pytest.raises(grpc.RpcError) as e:  # a TS master's key and level do not drive an S worker
         stub.Execute(req, metadata=((AUTH_HEADER, sign_request(ts_key, "TS", execute_digest(req))),), timeout=10)
     assert e.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+# ---- transport security ---------------------------------------------------------------------------
+def _refused(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    return e.value.code()
+
+
+def test_tls_less_client_is_refused(cluster):
+    c = Client(cluster["masters"]["S"])  # plaintext to a TLS port: no handshake, nothing reaches a servicer
+    with pytest.raises(Exception, match="UNAVAILABLE"):
+        c.login("sam", PASSWORD, "S")
+    c.close()
+
+
+def test_wrong_level_client_certificate_is_refused(cluster):
+    """A TS client certificate (same CA) cannot talk to the S master, whichever name it pins."""
+    tls = cluster["tls"]
+    # pins master.s.strata but presents client-TS: the S master's PeerCheck refuses it
+    ch = grpc.secure_channel(cluster["masters"]["S"], grpc.ssl_channel_credentials(
+        (Path(tls) / "ca.pem").read_bytes(), (Path(tls) / "client-TS.key").read_bytes(),
+        (Path(tls) / "client-TS.pem").read_bytes()), [("grpc.ssl_target_name_override", "master.s.strata")])
+    stub = rpc.MasterStub(ch)
+    assert _refused(lambda: stub.Login(pb.LoginRequest(user="tess", password=PASSWORD, level="S"),
+                                       timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    # pins master.ts.strata (its own level) against the S master: the handshake fails on the name
+    c = Client(cluster["masters"]["S"], tls_dir=tls, level="TS")
+    with pytest.raises(Exception, match="UNAVAILABLE"):
+        c.login("tess", PASSWORD, "TS")
+    c.close()
+
+
+def test_worker_refuses_master_certificate_of_another_level(cluster):
+    sid = workers_of(cluster, "S")[0]
+    tls = Path(cluster["tls"])
+    cfg = load_config(cluster["config"])
+    key = group_spec(cfg, "S", cluster["state"]).key
+    md = ((AUTH_HEADER, sign_request(key, "S", b"info")),)
+    # a TS master's certificate, even with the S group key and pinning the S worker's name
+    ch = grpc.secure_channel(sid, grpc.ssl_channel_credentials(
+        (tls / "ca.pem").read_bytes(), (tls / "master-TS.key").read_bytes(), (tls / "master-TS.pem").read_bytes()),
+        [("grpc.ssl_target_name_override", "worker.s.strata")])
+    assert _refused(lambda: rpc.WorkerStub(ch).Info(pb.Empty(), metadata=md, timeout=10)) == \
+        grpc.StatusCode.PERMISSION_DENIED
+    # a client certificate of the right level is not a master
+    ch = secure_channel(sid, tls, "client", "S", "worker")
+    assert _refused(lambda: rpc.WorkerStub(ch).Info(pb.Empty(), metadata=md, timeout=10)) == \
+        grpc.StatusCode.PERMISSION_DENIED
+    # no certificate at all
+    assert _refused(lambda: rpc.WorkerStub(grpc.insecure_channel(sid)).Info(pb.Empty(), metadata=md, timeout=10)) == \
+        grpc.StatusCode.UNAVAILABLE
+    info = _worker_info(cluster, "S", sid)
+    assert info.refused["tls_wrong_level"] >= 1 and info.refused["tls_wrong_role"] >= 1
+
+
+def test_certificate_of_a_foreign_ca_is_refused(cluster, tmp_path):
+    """Same names and level, but signed by another CA: the handshake fails both ways."""
+    other = tmp_path / "other"
+    ca = make_ca(other)
+    for role in ("client", "master"):
+        issue(other, role, "S", ca=ca)
+    (other / "ca.pem").write_bytes((Path(cluster["tls"]) / "ca.pem").read_bytes())  # trusts the real CA
+    c = Client(cluster["masters"]["S"], tls_dir=other, level="S")
+    with pytest.raises(Exception, match="UNAVAILABLE"):
+        c.login("sam", PASSWORD, "S")
+    c.close()
+    ch = secure_channel(workers_of(cluster, "S")[0], other, "master", "S", "worker")
+    assert _refused(lambda: rpc.WorkerStub(ch).Info(pb.Empty(), timeout=10)) == grpc.StatusCode.UNAVAILABLE
 
 
 # ---- replay against the reference -----------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_kill_9_worker_mid_stream(tmp_path):
     masters = start_cluster(str(cfg_path), ["TS"], 2, state)
     try:
         workers = [p for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "worker"]
-        c = Client(masters["masters"]["TS"])
+        c = Client(masters["masters"]["TS"], tls_dir=masters["tls_dir"], level="TS")
         c.login("ann", PASSWORD, "TS")
         regs = c.register(QUERIES)
         got = {r.query_id: [] for r in regs}

@@ -93,8 +93,13 @@ def warm_up(engine, config, level: str) -> None:
 
 
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
-                 ready=None, stop_event: threading.Event | None = None) -> None:
-    """Run a worker until SIGTERM/SIGINT (or ``stop_event``)."""
+                 ready=None, stop_event: threading.Event | None = None, tls_dir=None) -> None:
+    """Run a worker until SIGTERM/SIGINT (or ``stop_event``).
+
+    With ``tls_dir`` the worker serves mutual TLS with its ``worker-<level>``
+    certificate and answers only a ``master`` certificate of its own level;
+    without it (``--insecure``) it relies on the group key alone.
+    """
     from strata.worker.engine import Engine
     from strata.worker.group import GroupMember
     from strata.worker.spark import get_session
@@ -104,7 +109,14 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     warm_up(engine, config, level)
     core = WorkerCore(config, level, engine)
     servicer = WorkerServicer(core, spec.key)
-    server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, max_workers=4)
+    creds, interceptors = None, ()
+    if tls_dir is not None:
+        from strata.tls import PeerCheck, server_credentials
+
+        creds = server_credentials(tls_dir, "worker", core.level)
+        interceptors = (PeerCheck(core.level, ("master",), refused=core.refused),)
+    server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, credentials=creds,
+                                   max_workers=4, interceptors=interceptors)
     servicer.sid = address
     member = GroupMember(spec, sid=address, role="worker", stats=core.stats)
     servicer.member = member

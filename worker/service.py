@@ -19,6 +19,8 @@ from strata.chunking.codec import decode_chunk, encode_result
 from strata.config import Config
 from strata.mlscql import CompiledQuery, QueryError, compile_query
 
+from .shared import SharedExecutor
+
 __all__ = ["WorkerCore", "WorkerRefused", "QuerySpecData"]
 
 
@@ -34,10 +36,12 @@ class QuerySpecData:
 
 
 class WorkerCore:
-    def __init__(self, config: Config, level: str, engine):
+    def __init__(self, config: Config, level: str, engine, sharing: bool | None = None):
         self.config = config
         self.level = config.lattice.parse(level)
         self.engine = engine
+        #: evaluates each shared plan of a chunk once (``[sharing] enabled``, default on)
+        self.shared = SharedExecutor(engine, config, enabled=sharing)
         self._visible = self.config.lattice.dominated(self.level)
         self._compiled: dict[tuple[str, str], CompiledQuery] = {}
         self._lock = threading.Lock()
@@ -89,7 +93,7 @@ class WorkerCore:
             self.refused["level_above_worker"] += 1
             raise WorkerRefused(f"chunk holds tuples this worker's level {self.level} does not dominate")
         t0 = time.perf_counter()
-        out = [encode_result(self.engine.run(by_id[qc.query_id], qc)) for qc in chunk.queries]
+        out = [encode_result(r) for r in self.shared.run(by_id, chunk.queries)]
         with self._lock:
             self.busy_seconds += time.perf_counter() - t0
             self.seen_levels.update(seen)
@@ -105,4 +109,5 @@ class WorkerCore:
                 "seen_levels": dict(self.seen_levels),
                 "refused": dict(self.refused),
                 "busy_seconds": round(self.busy_seconds, 3),
+                "sharing": {"enabled": self.shared.enabled, **dict(self.shared.counters)},
             }

@@ -1,0 +1,439 @@
+"""``strata deploy check|up|down|status|units --inventory FILE``: level groups on several hosts.
+
+``up`` validates the inventory against the config's lattice, makes the group
+keys (and TLS material) once on this machine, gives every host exactly the
+files of the levels it runs, starts the processes (in the background, or as
+systemd units with ``--systemd``), waits until every process is ready and
+until each level's master host hears every worker of its level on the level's
+multicast group, and records what it started next to the inventory
+(``<inventory>.deployed.json``) for ``status`` and ``down``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+from strata.cli import EXIT_ERROR, EXIT_OK, CliError
+
+from .inventory import Host, Inventory, InventoryError, load_inventory
+from .remote import RemoteError, Transport, agent_argv, transport_for, transport_from_record
+from .units import (key_files_for, log_file, process_argv, process_env, ready_file, render_env_files,
+                    render_units, tls_files_for, tls_supported, write_rendered)
+
+__all__ = ["add_parsers", "deploy_up", "deploy_down", "deploy_status", "ensure_secrets"]
+
+PROBE_SECONDS = 30.0
+
+
+def _progress(msg: str) -> None:
+    print(f"[deploy] {msg}", file=sys.stderr, flush=True)
+
+
+def _load(args) -> Inventory:
+    try:
+        inv = load_inventory(args.inventory)
+    except InventoryError as e:
+        raise CliError(str(e)) from None
+    for w in inv.warnings:
+        _progress(f"warning: {w}")
+    return inv
+
+
+def _parallel(fn, items):
+    items = list(items)
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as ex:
+        futures = [ex.submit(fn, it) for it in items]
+        results, errors = [], []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except (RemoteError, CliError, OSError) as e:
+                errors.append(str(e))
+                results.append(None)
+    if errors:
+        raise CliError("\n".join(errors))
+    return results
+
+
+# ---- secrets ---------------------------------------------------------------------------------------
+def ensure_secrets(inv: Inventory) -> None:
+    """Group keys (and TLS material) for every level, made once on this machine."""
+    keys = inv.secrets / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    os.chmod(inv.secrets, 0o700)
+    os.chmod(keys, 0o700)
+    from strata.groups import load_or_create_key
+
+    for lv, g in inv.levels.items():
+        path = keys / f"{g.slug}.key"
+        if not path.exists():
+            _progress(f"new group key for level {lv}: {path}")
+        load_or_create_key(path, create=True)
+    if not inv.tls:
+        return
+    if not tls_supported():
+        raise CliError("inventory deployment.tls = true, but this Strata build has no TLS support "
+                       "(strata.tls); set tls = false for a development deployment")
+    from strata import tls as stls
+
+    tdir = inv.secrets / "tls"
+    need = {lv: roles for lv, roles in _tls_roles(inv).items()}
+    missing = [lv for lv, roles in need.items() if not all(stls.has_material(tdir, r, lv) for r in roles)]
+    if missing:
+        _progress(f"new TLS certificates for levels {', '.join(missing)} in {tdir} (CA key stays here)")
+        stls.create_deployment(tdir, missing)
+
+
+def _tls_roles(inv: Inventory) -> dict[str, tuple[str, ...]]:
+    return {lv: ("master", "worker", "client") for lv in inv.levels}
+
+
+# ---- preparing and starting a host ---------------------------------------------------------------------
+def _host_files(inv: Inventory, host: Host, systemd: bool) -> list[tuple[Path | str, str, int]]:
+    """(source file or text, remote path, mode) for every file this host receives."""
+    files: list[tuple[Path | str, str, int]] = []
+    if inv.push_config:
+        files.append((inv.config_path, host.config, 0o644))
+        if host.masters:  # only masters check logins; workers never see the users file
+            users = inv.config.users_path
+            if users.exists():
+                remote = str(PurePosixPath(host.config).with_name(PurePosixPath(host.config).stem + ".users.json"))
+                files.append((users, remote, 0o600))
+    for dst, src in key_files_for(inv, host).items():
+        files.append((src, dst, 0o600))
+    for dst, src in tls_files_for(inv, host).items():
+        files.append((src, dst, 0o644 if dst.endswith(".pem") else 0o600))
+    if systemd:
+        for dst, text in render_units(inv, host).items():
+            files.append((text, dst, 0o644))
+        for dst, text in render_env_files(inv, host).items():
+            files.append((text, dst, 0o644))
+    return files
+
+
+def _plan(inv: Inventory, host: Host, systemd: bool) -> dict:
+    procs = []
+    for p in host.processes(inv):
+        env = process_env(inv, host, p)
+        procs.append({"name": p.name, "role": p.role, "level": p.level, "argv": process_argv(inv, host, p),
+                      "env": {k: v for k, v in env.items() if k.startswith("STRATA_GROUP_") or k == "PYARROW_IGNORE_TIMEZONE"},
+                      "ready": ready_file(host, p), "log": log_file(host, p), "unit": p.unit})
+    return {"deployment": inv.name, "mode": "systemd" if systemd else "process", "processes": procs,
+            "service_user": host.service_user}
+
+
+def _prepare_and_start(inv: Inventory, host: Host, systemd: bool) -> dict:
+    t = transport_for(host)
+    t.mkdirs([host.state_dir, host.path("keys"), host.path("logs"), host.path("run")]
+             + ([host.path("tls")] if inv.tls else []))
+    copied = 0
+    for src, dst, mode in _host_files(inv, host, systemd):
+        if isinstance(src, Path):
+            copied += bool(t.put(src, dst, mode))
+        else:
+            t.put_text(src, dst, mode)
+            copied += 1
+    plan = _plan(inv, host, systemd)
+    res = t.run_json(agent_argv(host.python, "start", "--state-dir", host.state_dir),
+                     input=json.dumps(plan).encode(), timeout=180)
+    names = ", ".join(p["name"] for p in res["processes"])
+    _progress(f"{host.name}: {copied} files copied; started {names}")
+    return {"host": host.name, "transport": t.describe(), "state_dir": host.state_dir, "python": host.python,
+            "processes": res["processes"]}
+
+
+# ---- up ----------------------------------------------------------------------------------------------------
+def _host_status(entry: dict) -> dict:
+    t = transport_from_record(entry["host"], entry["transport"])
+    return t.run_json(agent_argv(entry["python"], "status", "--state-dir", entry["state_dir"]), timeout=60)
+
+
+def _wait_ready(record: dict, timeout: float) -> dict[tuple[str, str], dict]:
+    """host, process name → status entry of every process, once all are ready."""
+    total = sum(len(h["processes"]) for h in record["hosts"])
+    deadline = time.monotonic() + timeout
+    last, last_print = -1, 0.0
+    while True:
+        statuses = _parallel(_host_status, record["hosts"])
+        procs = {(h["host"], p["name"]): p for h, st in zip(record["hosts"], statuses) for p in st["processes"]}
+        dead = [(k, p) for k, p in procs.items() if not p["alive"]]
+        if dead:
+            parts = []
+            for (host, name), p in dead:
+                tail = (p.get("log_tail") or "").rstrip()[-1500:]
+                parts.append(f"{name} on {host} exited during start-up; log tail:\n{tail}")
+            raise CliError("\n".join(parts))
+        ready = sum(1 for p in procs.values() if p["ready"])
+        now = time.monotonic()
+        if ready != last or now - last_print > 10:
+            _progress(f"waiting for processes: {ready}/{total} ready")
+            last, last_print = ready, now
+        if ready == total and len(procs) == total:
+            return procs
+        if now > deadline:
+            pending = [f"{n} on {h}" for (h, n), p in procs.items() if not p["ready"]]
+            raise CliError(f"not ready within {timeout:.0f} s: {', '.join(pending)} "
+                           f"(see their logs under <state-dir>/logs on those hosts)")
+        time.sleep(1.0)
+
+
+def _probe(inv: Inventory, level: str, expect: list[str], seconds: float) -> dict:
+    host = inv.master_host(level)
+    g = inv.levels[level]
+    t = transport_for(host)
+    return t.run_json(agent_argv(host.python, "probe", "--level", level,
+                                 "--key-file", host.path("keys", f"{g.slug}.key"), "--address", g.address,
+                                 "--port", str(g.port), "--interface", host.address, "--expect", ",".join(expect),
+                                 "--seconds", str(seconds)), timeout=seconds + 60)
+
+
+def _check_groups(inv: Inventory, procs: dict, seconds: float) -> dict[str, dict]:
+    """Each level's master host must hear every worker of its level on the level's group."""
+    def one(level):
+        workers = sorted(p["address"] for p in procs.values() if p["level"] == level and p["role"] == "worker")
+        master = next(p["address"] for p in procs.values() if p["level"] == level and p["role"] == "master")
+        res = _probe(inv, level, workers + [master], seconds)
+        return level, workers, res
+
+    out = {}
+    problems = []
+    for level, workers, res in _parallel(one, list(inv.levels)):
+        heard = res["heard"]
+        strangers = sorted(s for s in heard if s not in {p["address"] for p in procs.values() if p["level"] == level})
+        if res["missing"]:
+            g = inv.levels[level]
+            problems.append(
+                f"level {level}: {inv.master_host(level).name} does not hear {', '.join(res['missing'])} on "
+                f"{g.address}:{g.port} (heard: {', '.join(sorted(heard)) or 'nobody'}; rejected: "
+                f"{res['rejected'] or 'none'}). Heartbeats do not cross between the hosts: check ttl "
+                f"(now {g.ttl}), that UDP {g.port} to {g.address} passes the firewalls, that switches "
+                f"forward the group (IGMP snooping needs a querier), and each host's address")
+        _progress(f"level {level}: master host {inv.master_host(level).name} hears "
+                  f"{sum(1 for h in heard.values() if h['role'] == 'worker')}/{len(workers)} workers"
+                  + (f" and unknown members {strangers}" if strangers else ""))
+        out[level] = {"workers": workers, "heard": heard, "rejected": res["rejected"]}
+    if problems:
+        raise CliError("\n".join(problems))
+    return out
+
+
+def deploy_up(inv: Inventory, systemd: bool = False, timeout: float | None = None,
+              keep_on_failure: bool = False) -> dict:
+    rec_path = inv.record_path
+    if rec_path.exists():
+        raise CliError(f"a deployment is recorded in {rec_path}: run `strata deploy down --inventory "
+                       f"{inv.path}` first")
+    ensure_secrets(inv)
+    for h in inv.hosts:
+        if h.masters and inv.push_config and not inv.config.users_path.exists():
+            _progress(f"warning: no users file {inv.config.users_path}: nobody can log in to the masters on "
+                      f"{h.name} (add users with `strata users add`, then deploy again)")
+    _progress(f"deployment {inv.name}: {len(inv.hosts)} hosts, levels {', '.join(inv.levels)}"
+              + (" (systemd units)" if systemd else ""))
+    results = []
+    errors = []
+
+    def start(host):
+        try:
+            return _prepare_and_start(inv, host, systemd)
+        except (RemoteError, CliError, OSError) as e:
+            errors.append(f"{host.name}: {e}")
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(16, len(inv.hosts))) as ex:
+        results = list(ex.map(start, inv.hosts))
+    record = {"deployment": inv.name, "inventory": str(inv.path.resolve()) if inv.path else None,
+              "mode": "systemd" if systemd else "process", "started": time.time(),
+              "hosts": [r for r in results if r is not None]}
+    _write_record(rec_path, record)
+    try:
+        if errors:
+            raise CliError("\n".join(errors))
+        procs = _wait_ready(record, timeout or inv.ready_timeout)
+        for h in record["hosts"]:
+            for p in h["processes"]:
+                p["address"] = procs[(h["host"], p["name"])]["address"]
+        _write_record(rec_path, record)
+        groups = _check_groups(inv, procs, PROBE_SECONDS)
+    except CliError:
+        if not keep_on_failure:
+            _progress("start-up failed: stopping what was started")
+            try:
+                deploy_down(record, rec_path)
+            except CliError as e2:
+                _progress(f"while stopping: {e2}")
+        raise
+    out = {"deployment": inv.name,
+           "masters": {lv: next(p["address"] for p in procs.values() if p["level"] == lv and p["role"] == "master")
+                       for lv in inv.levels},
+           "workers": {lv: groups[lv]["workers"] for lv in inv.levels},
+           "record": str(rec_path)}
+    _progress(f"deployment {inv.name} is up")
+    return out
+
+
+def _write_record(path: Path, record: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(path)
+
+
+# ---- down / status -------------------------------------------------------------------------------------------
+def _record_or_inventory(inv: Inventory) -> dict:
+    if inv.record_path.exists():
+        return json.loads(inv.record_path.read_text())
+    return {"deployment": inv.name, "hosts": [
+        {"host": h.name, "transport": transport_for(h).describe(), "state_dir": h.state_dir, "python": h.python,
+         "processes": []} for h in inv.hosts]}
+
+
+def deploy_down(record: dict, rec_path: Path | None) -> int:
+    def stop(entry):
+        t = transport_from_record(entry["host"], entry["transport"])
+        res = t.run_json(agent_argv(entry["python"], "stop", "--state-dir", entry["state_dir"]), timeout=120)
+        _progress(f"{entry['host']}: stopped {res.get('stopped', 0)} processes")
+        return res.get("stopped", 0)
+
+    n = sum(_parallel(stop, record["hosts"]))
+    if rec_path is not None and rec_path.exists():
+        rec_path.unlink()
+    return n
+
+
+def deploy_status(inv: Inventory, probe_seconds: float = 3.0) -> dict:
+    record = _record_or_inventory(inv)
+    statuses = _parallel(_host_status, record["hosts"])
+    hosts = {}
+    procs = {}
+    for entry, st in zip(record["hosts"], statuses):
+        hosts[entry["host"]] = st["processes"]
+        for p in st["processes"]:
+            procs[(entry["host"], p["name"])] = p
+    groups = {}
+    for lv in inv.levels:
+        members = [p for p in procs.values() if p["level"] == lv and p.get("address")]
+        if not members:
+            continue
+        try:
+            res = _probe(inv, lv, [p["address"] for p in members], probe_seconds)
+            groups[lv] = {"heard": res["heard"], "missing": res["missing"], "rejected": res["rejected"]}
+        except RemoteError as e:
+            groups[lv] = {"error": str(e)}
+    healthy = bool(procs) and all(p["alive"] and p["ready"] for p in procs.values()) and \
+        all(not g.get("missing") and not g.get("error") for g in groups.values())
+    return {"deployment": record.get("deployment"), "healthy": healthy, "hosts": hosts, "groups": groups}
+
+
+# ---- commands ------------------------------------------------------------------------------------------------------
+def cmd_check(args) -> int:
+    inv = _load(args)
+    summary = {"deployment": inv.name, "config": str(inv.config_path), "tls": inv.tls, "levels": {}}
+    for lv, g in inv.levels.items():
+        summary["levels"][lv] = {
+            "group": f"{g.address}:{g.port}", "ttl": g.ttl, "master": inv.master_host(lv).name,
+            "workers": {h.name: h.workers[lv] for h in inv.hosts_of(lv) if h.workers[lv]}}
+    if args.reach:
+        def reach(h):
+            t = transport_for(h)
+            info = t.run_json(agent_argv(h.python, "check"), timeout=60)
+            if inv.tls and not info.get("tls"):
+                raise CliError(f"{h.name}: its Strata has no TLS support but the inventory says tls = true")
+            return h.name, info
+
+        summary["hosts"] = dict(_parallel(reach, inv.hosts))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"inventory {args.inventory}: deployment {inv.name}, {len(inv.hosts)} hosts, TLS {'on' if inv.tls else 'OFF'}")
+        for lv, s in summary["levels"].items():
+            ws = ", ".join(f"{h}×{n}" for h, n in s["workers"].items()) or "none"
+            print(f"  level {lv}: group {s['group']} ttl {s['ttl']}, master on {s['master']}, workers {ws}")
+        for name, info in summary.get("hosts", {}).items():
+            print(f"  {name}: reachable, Python {info['python']}, strata {info['strata']}")
+    return EXIT_OK
+
+
+def cmd_up(args) -> int:
+    inv = _load(args)
+    out = deploy_up(inv, systemd=args.systemd, timeout=args.timeout, keep_on_failure=args.keep_on_failure)
+    print(json.dumps(out))
+    return EXIT_OK
+
+
+def cmd_down(args) -> int:
+    inv = _load(args)
+    record = _record_or_inventory(inv)
+    n = deploy_down(record, inv.record_path)
+    _progress(f"stopped {n} processes" if n else "nothing was running")
+    return EXIT_OK
+
+
+def cmd_status(args) -> int:
+    inv = _load(args)
+    st = deploy_status(inv)
+    if args.json:
+        print(json.dumps(st))
+    else:
+        print(f"deployment {st['deployment']}: {'healthy' if st['healthy'] else 'NOT healthy'}")
+        for host, procs in st["hosts"].items():
+            for p in procs:
+                state = "ready" if p["ready"] else ("alive" if p["alive"] else "DEAD")
+                print(f"  {host:16} {p['name']:20} {state:6} {p.get('address') or '-'}")
+        for lv, g in st["groups"].items():
+            if "error" in g:
+                print(f"  level {lv}: probe failed: {g['error']}")
+            else:
+                print(f"  level {lv}: master host hears {len(g['heard'])} members"
+                      + (f"; missing {', '.join(g['missing'])}" if g["missing"] else ""))
+    return EXIT_OK if st["healthy"] else EXIT_ERROR
+
+
+def cmd_units(args) -> int:
+    inv = _load(args)
+    hosts = [inv.host(n) for n in args.host] if args.host else None
+    for p in write_rendered(inv, Path(args.out), hosts):
+        print(p)
+    return EXIT_OK
+
+
+def add_parsers(sub) -> None:
+    d = sub.add_parser("deploy", help="start level groups on several hosts from an inventory (ssh/systemd)")
+    dsub = d.add_subparsers(dest="deploy_command", required=True, metavar="ACTION")
+
+    def inventory(p):
+        p.add_argument("--inventory", required=True, help="the inventory TOML (see docs/deploy.md)")
+
+    c = dsub.add_parser("check", help="validate the inventory against the config")
+    inventory(c)
+    c.add_argument("--reach", action="store_true", help="also run the host agent on every host")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check)
+
+    u = dsub.add_parser("up", help="copy keys/certificates, start every host's processes, wait for the groups")
+    inventory(u)
+    u.add_argument("--systemd", action="store_true", help="install and start systemd units instead of nohup processes")
+    u.add_argument("--timeout", type=float, help="seconds to wait for readiness (default: inventory ready_timeout)")
+    u.add_argument("--keep-on-failure", action="store_true", help="leave processes running if start-up fails")
+    u.set_defaults(func=cmd_up)
+
+    dn = dsub.add_parser("down", help="stop what `strata deploy up` started")
+    inventory(dn)
+    dn.set_defaults(func=cmd_down)
+
+    s = dsub.add_parser("status", help="processes per host and who each master host hears")
+    inventory(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    un = dsub.add_parser("units", help="render systemd units and environment files per host into a directory")
+    inventory(un)
+    un.add_argument("--out", required=True)
+    un.add_argument("--host", action="append", help="only this host (repeatable)")
+    un.set_defaults(func=cmd_units)

@@ -1,0 +1,506 @@
+"""The deployment inventory: which hosts run which level groups, and how to reach them.
+
+An inventory is a TOML file (full reference and example in ``docs/deploy.md``)::
+
+    [deployment]
+    config = "strata.toml"            # the Strata config, read here (relative to this file)
+    remote_config = "/etc/strata/strata.toml"   # where the hosts find it (default: the same path)
+    state_dir = "/var/lib/strata"     # per host; hosts may override
+    tls = true                        # false: processes run with --insecure (development only)
+
+    [levels."S"]                      # one table per level that runs somewhere
+    address = "239.255.10.3"          # the level group's multicast group
+    port = 47003
+    ttl = 1                           # ≥ 1 when the level spans several hosts
+
+    [[hosts]]
+    name = "s-worker-1"
+    ssh = "strata@10.0.0.7"           # or transport = "netns" / "local"
+    address = "10.0.0.7"              # gRPC listen address and multicast interface of this host
+    levels = { S = 2 }                # level → worker count, or { workers = 2, master = true }
+
+:func:`load_inventory` parses and validates (against the config's lattice) and
+returns an :class:`Inventory`; every error names the offending key
+(``inventory hosts[2].levels: unknown level 'Q' (levels: U, C, S, TS)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from strata.config import Config, ConfigError, load_config
+from strata.groups import level_slug
+
+__all__ = ["InventoryError", "Inventory", "Host", "LevelGroup", "Proc", "load_inventory", "parse_inventory"]
+
+TRANSPORTS = ("ssh", "netns", "local")
+DEPLOYMENT_KEYS = {"name", "config", "remote_config", "push_config", "state_dir", "python", "secrets", "tls",
+                   "chunk_seconds", "spark_master", "ssh_options", "transport", "systemd_dir", "env_dir",
+                   "service_user", "ready_timeout"}
+LEVEL_KEYS = {"address", "port", "ttl", "master_port", "worker_port"}
+HOST_KEYS = {"name", "transport", "ssh", "netns", "address", "state_dir", "config", "python", "levels",
+             "ssh_options", "service_user"}
+HOST_LEVEL_KEYS = {"workers", "master"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_SSH_TARGET = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9_.:\[\]-]+")
+_MULTICAST = ipaddress.ip_network("224.0.0.0/4")
+
+
+class InventoryError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LevelGroup:
+    """A level's multicast group and ports, as the inventory fixes them."""
+
+    level: str
+    slug: str
+    address: str
+    port: int
+    ttl: int
+    master_port: int = 0  # 0: any free port
+    worker_port: int = 0  # worker i listens on worker_port + i; 0: any free port
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process the deployment runs on a host."""
+
+    name: str  # master-<slug> | worker-<slug>-<i>
+    role: str  # master | worker
+    level: str
+    index: int
+    port: int
+
+    @property
+    def instance(self) -> str:
+        """The systemd instance name (strata-master@S, strata-worker@S-0)."""
+        return self.name.split("-", 1)[1]
+
+    @property
+    def unit(self) -> str:
+        return f"strata-{self.role}@{self.instance}.service"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    transport: str  # ssh | netns | local
+    target: str  # ssh user@addr, netns name, or "" for local
+    address: str
+    state_dir: str
+    config: str  # the Strata config's path on this host
+    python: str
+    workers: dict[str, int]  # level → worker count (levels this host runs)
+    masters: tuple[str, ...]  # levels whose master this host runs
+    ssh_options: tuple[str, ...] = ()
+    service_user: str = "strata"
+
+    @property
+    def levels(self) -> list[str]:
+        return list(self.workers)
+
+    def processes(self, inv: "Inventory") -> list[Proc]:
+        out = []
+        for lv in self.levels:
+            g = inv.levels[lv]
+            if lv in self.masters:
+                out.append(Proc(f"master-{g.slug}", "master", lv, 0, g.master_port))
+            for i in range(self.workers[lv]):
+                out.append(Proc(f"worker-{g.slug}-{i}", "worker", lv, i, g.worker_port + i if g.worker_port else 0))
+        return out
+
+    def path(self, *parts: str) -> str:
+        """A path under this host's state dir (hosts are POSIX)."""
+        return str(PurePosixPath(self.state_dir, *parts))
+
+
+@dataclass
+class Inventory:
+    path: Path | None
+    name: str
+    config_path: Path  # the operator's copy
+    config: Config
+    push_config: bool
+    secrets: Path
+    tls: bool
+    chunk_seconds: float
+    spark_master: str
+    systemd_dir: str
+    env_dir: str
+    ready_timeout: float
+    levels: dict[str, LevelGroup]
+    hosts: list[Host]
+    warnings: list[str] = field(default_factory=list)
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise InventoryError(f"inventory: no host named {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def master_host(self, level: str) -> Host:
+        return next(h for h in self.hosts if level in h.masters)
+
+    def hosts_of(self, level: str) -> list[Host]:
+        return [h for h in self.hosts if level in h.workers]
+
+    @property
+    def record_path(self) -> Path:
+        """Where ``strata deploy up`` records what it started (next to the inventory)."""
+        base = self.path if self.path is not None else Path(f"{self.name}.toml")
+        return base.with_name(base.stem + ".deployed.json")
+
+
+# ---- parsing --------------------------------------------------------------------------------
+def load_inventory(path: str | Path) -> Inventory:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InventoryError(f"inventory {p}: cannot read: {e.strerror or e}") from None
+    return parse_inventory(text, p)
+
+
+def parse_inventory(text: str, path: Path | None = None) -> Inventory:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InventoryError(f"inventory{f' {path}' if path else ''}: invalid TOML: {e}") from None
+    base = path.parent if path is not None else Path.cwd()
+
+    def err(key: str, msg: str) -> InventoryError:
+        return InventoryError(f"inventory {key}: {msg}")
+
+    unknown = set(data) - {"deployment", "levels", "hosts"}
+    if unknown:
+        raise err(sorted(unknown)[0], "unknown section (known: deployment, levels, hosts)")
+    dep = _table(data.get("deployment"), "deployment", err)
+    _no_unknown(dep, DEPLOYMENT_KEYS, "deployment", err)
+
+    # -- the Strata config: its lattice decides which levels exist
+    cfg_text = _str(dep, "config", "deployment", err, required=True)
+    config_path = (base / cfg_text).resolve() if not Path(cfg_text).is_absolute() else Path(cfg_text)
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise err("deployment.config", str(e)) from None
+    lattice = config.lattice
+    level_names = ", ".join(lattice.levels) if len(lattice.levels) <= 16 else f"{len(lattice.levels)} levels"
+
+    def parse_level(text: str, key: str) -> str:
+        try:
+            return lattice.parse(text)
+        except ValueError:
+            return _raise(err(key, f"unknown level {text!r} (levels: {level_names})"))
+
+    remote_config = _str(dep, "remote_config", "deployment", err) or str(config_path)
+    _posix_abs(remote_config, "deployment.remote_config", err)
+    push_config = _bool(dep, "push_config", "deployment", err, True)
+    state_dir = _str(dep, "state_dir", "deployment", err) or "/var/lib/strata"
+    python = _str(dep, "python", "deployment", err) or sys.executable
+    secrets_text = _str(dep, "secrets", "deployment", err)
+    stem = path.stem if path is not None else "inventory"
+    secrets = Path(secrets_text) if secrets_text else Path(f"{stem}.secrets")
+    if not secrets.is_absolute():
+        secrets = (base / secrets).resolve()
+    tls = _bool(dep, "tls", "deployment", err, True)
+    chunk_seconds = _num(dep, "chunk_seconds", "deployment", err, 1.0)
+    if chunk_seconds <= 0:
+        raise err("deployment.chunk_seconds", "must be a positive number of seconds")
+    spark_master = _str(dep, "spark_master", "deployment", err) or "local[2]"
+    ssh_options = _ssh_options(dep, "ssh_options", "deployment", err)
+    default_transport = _str(dep, "transport", "deployment", err) or "ssh"
+    if default_transport not in TRANSPORTS:
+        raise err("deployment.transport", f"must be one of {', '.join(TRANSPORTS)}, not {default_transport!r}")
+    systemd_dir = _str(dep, "systemd_dir", "deployment", err) or "/etc/systemd/system"
+    env_dir = _str(dep, "env_dir", "deployment", err) or "/etc/strata"
+    for k, v in (("systemd_dir", systemd_dir), ("env_dir", env_dir)):
+        _posix_abs(v, f"deployment.{k}", err)
+    service_user = _str(dep, "service_user", "deployment", err) or "strata"
+    ready_timeout = _num(dep, "ready_timeout", "deployment", err, 180.0)
+    name = _str(dep, "name", "deployment", err) or stem
+    if not _NAME.fullmatch(name):
+        raise err("deployment.name", f"{name!r}: use letters, digits, '.', '_' and '-'")
+
+    # -- hosts
+    raw_hosts = data.get("hosts")
+    if raw_hosts is None or raw_hosts == []:
+        raise err("hosts", "no [[hosts]]: add at least one host")
+    if not isinstance(raw_hosts, list) or not all(isinstance(h, dict) for h in raw_hosts):
+        raise err("hosts", "must be an array of tables ([[hosts]])")
+    hosts: list[Host] = []
+    seen_names: dict[str, int] = {}
+    for i, h in enumerate(raw_hosts):
+        key = f"hosts[{i}]"
+        _no_unknown(h, HOST_KEYS, key, err)
+        hname = _str(h, "name", key, err, required=True)
+        if not _NAME.fullmatch(hname):
+            raise err(f"{key}.name", f"{hname!r}: use letters, digits, '.', '_' and '-'")
+        if hname in seen_names:
+            raise err(f"{key}.name", f"{hname!r} is also hosts[{seen_names[hname]}]'s name")
+        seen_names[hname] = i
+        transport = _str(h, "transport", key, err) or ("ssh" if "ssh" in h else "netns" if "netns" in h
+                                                         else default_transport)
+        if transport not in TRANSPORTS:
+            raise err(f"{key}.transport", f"must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+        target = ""
+        if transport == "ssh":
+            target = _str(h, "ssh", key, err)
+            if not target:
+                raise err(f"{key}.ssh", "missing: the ssh destination user@address of this host")
+            if not _SSH_TARGET.fullmatch(target) or target.startswith("-"):
+                raise err(f"{key}.ssh", f"{target!r} is not a destination of the form user@host")
+        elif transport == "netns":
+            target = _str(h, "netns", key, err)
+            if not target:
+                raise err(f"{key}.netns", "missing: the network namespace this host lives in")
+            if not _NAME.fullmatch(target):
+                raise err(f"{key}.netns", f"{target!r} is not a namespace name")
+        address = _str(h, "address", key, err, required=True)
+        try:
+            ip = ipaddress.IPv4Address(address)
+        except ValueError:
+            raise err(f"{key}.address", f"{address!r} is not an IPv4 address (the interface this host's "
+                                        f"processes listen on and send multicast from)") from None
+        if ip.is_unspecified or ip in _MULTICAST:
+            raise err(f"{key}.address", f"{address} cannot be an interface address")
+        hstate = _str(h, "state_dir", key, err) or state_dir
+        _posix_abs(hstate, f"{key}.state_dir", err)
+        hconfig = _str(h, "config", key, err) or remote_config
+        _posix_abs(hconfig, f"{key}.config", err)
+        hpython = _str(h, "python", key, err) or python
+        hssh = tuple(ssh_options + _ssh_options(h, "ssh_options", key, err))
+        huser = _str(h, "service_user", key, err) or service_user
+        rawlv = h.get("levels")
+        if rawlv is None:
+            raise err(f"{key}.levels", "missing: which level groups this host runs, e.g. levels = { S = 2 }")
+        if not isinstance(rawlv, dict) or not rawlv:
+            raise err(f"{key}.levels", "must be a table level → worker count (or { workers = N, master = true })")
+        workers: dict[str, int] = {}
+        masters: list[str] = []
+        for lvtext, spec in rawlv.items():
+            lv = parse_level(lvtext, f"{key}.levels")
+            lkey = f"{key}.levels.{lvtext}"
+            if lv in workers:
+                raise err(lkey, f"level {lv} is listed twice")
+            if isinstance(spec, bool) or not isinstance(spec, (int, dict)):
+                raise err(lkey, "must be a worker count or a table { workers = N, master = true }")
+            if isinstance(spec, int):
+                n, is_master = spec, False
+            else:
+                _no_unknown(spec, HOST_LEVEL_KEYS, lkey, err)
+                n = spec.get("workers", 0)
+                is_master = spec.get("master", False)
+                if not isinstance(is_master, bool):
+                    raise err(f"{lkey}.master", "must be true or false")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > 64:
+                raise err(lkey if isinstance(spec, int) else f"{lkey}.workers", "worker count must be 0..64")
+            if n == 0 and not is_master:
+                raise err(lkey, f"runs neither a master nor a worker of level {lv}")
+            workers[lv] = n
+            if is_master:
+                masters.append(lv)
+        hosts.append(Host(hname, transport, target, address, hstate, hconfig, hpython, workers, tuple(masters),
+                          hssh, huser))
+
+    # -- masters: exactly one per level that runs anywhere
+    warnings: list[str] = []
+    used = [lv for lv in lattice.sort({lv for h in hosts for lv in h.workers})]
+    for lv in used:
+        ms = [i for i, h in enumerate(hosts) if lv in h.masters]
+        if not ms:
+            runs = ", ".join(h.name for h in hosts if lv in h.workers)
+            raise err("hosts", f"level {lv} has no master (hosts running it: {runs}); give one host "
+                               f"levels.{_toml_key(lv)} = {{ master = true }}")
+        if len(ms) > 1:
+            raise err(f"hosts[{ms[1]}].levels.{_toml_key(lv)}.master",
+                      f"level {lv} already has its master on {hosts[ms[0]].name} (hosts[{ms[0]}]); "
+                      f"a level group has exactly one master")
+        if sum(h.workers[lv] for h in hosts if lv in h.workers) == 0:
+            warnings.append(f"level {lv} has a master but no workers: its queries will wait for a worker")
+
+    # -- levels: multicast group, ports, TTL
+    raw_levels = _table(data.get("levels"), "levels", err)
+    groups_cfg = config.sections.get("groups", {}) or {}
+    cluster_cfg = config.sections.get("cluster", {}) or {}
+    levels: dict[str, LevelGroup] = {}
+    for lvtext, spec in raw_levels.items():
+        lv = parse_level(lvtext, "levels")
+        if lv not in used:
+            raise err(f"levels.{_toml_key(lvtext)}", f"no host runs level {lv}: remove the table or add a host")
+        if not isinstance(spec, dict):
+            raise err(f"levels.{_toml_key(lvtext)}", "must be a table (address, port, ttl, ...)")
+    by_level = {parse_level(k, "levels"): (k, v) for k, v in raw_levels.items()}
+    for lv in used:
+        ktext, spec = by_level.get(lv, (lv, {}))
+        key = f"levels.{_toml_key(ktext)}"
+        _no_unknown(spec, LEVEL_KEYS, key, err)
+        gcfg = groups_cfg.get(lv, {}) or {}
+        for secret in ("key", "key_file"):
+            if secret in gcfg:
+                raise err("deployment.config", f"the config sets [groups.\"{lv}\"] {secret}; strata deploy "
+                                               f"distributes group keys itself (state_dir/keys/"
+                                               f"{level_slug(lv)}.key, only to hosts of level {lv}): remove it")
+        digest = hashlib.sha256(lv.encode()).digest()
+        address = _str(spec, "address", key, err) or gcfg.get("address") or f"239.255.{digest[0]}.{max(1, digest[1])}"
+        try:
+            maddr = ipaddress.IPv4Address(address)
+        except ValueError:
+            raise err(f"{key}.address", f"{address!r} is not an IPv4 multicast address") from None
+        if maddr not in _MULTICAST:
+            raise err(f"{key}.address", f"{address} is not a multicast address (224.0.0.0/4; use 239.x.y.z)")
+        port = _int(spec, "port", key, err, int(gcfg.get("port") or cluster_cfg.get("multicast_port") or 47000))
+        if not 1 <= port <= 65535:
+            raise err(f"{key}.port", "must be a UDP port 1..65535")
+        spans = sorted({h.address for h in hosts if lv in h.workers})
+        ttl = _int(spec, "ttl", key, err, 1)
+        if not 0 <= ttl <= 255:
+            raise err(f"{key}.ttl", "must be 0..255")
+        if ttl == 0 and len(spans) > 1:
+            raise err(f"{key}.ttl", f"0 keeps heartbeats on one host, but level {lv} runs on "
+                                    f"{len(spans)} hosts; use ttl = 1 (hosts on one bridge/switch) or more")
+        if len(spans) > 1:
+            loop = [a for a in spans if ipaddress.IPv4Address(a).is_loopback]
+            if loop:
+                raise err("hosts", f"level {lv} spans several hosts but one has loopback address {loop[0]}: "
+                                   f"heartbeats cannot cross hosts on loopback")
+        mport = _int(spec, "master_port", key, err, 0)
+        wport = _int(spec, "worker_port", key, err, 0)
+        for k, v in (("master_port", mport), ("worker_port", wport)):
+            if not 0 <= v <= 65535:
+                raise err(f"{key}.{k}", "must be a TCP port 1..65535 (or 0: any free port)")
+        levels[lv] = LevelGroup(lv, level_slug(lv), address, port, ttl, mport, wport)
+
+    # distinct groups per level
+    owner: dict[str, str] = {}
+    for lv, g in levels.items():
+        if g.address in owner:
+            raise err(f"levels.{_toml_key(lv)}.address", f"{g.address} is also level {owner[g.address]}'s group: "
+                                                         f"groups of different levels use distinct multicast groups")
+        owner[g.address] = lv
+    slugs: dict[str, str] = {}
+    for lv, g in levels.items():
+        if g.slug in slugs:
+            raise err("levels", f"levels {slugs[g.slug]} and {lv} share the file name {g.slug!r}")
+        slugs[g.slug] = lv
+
+    inv = Inventory(path=path, name=name, config_path=config_path, config=config, push_config=push_config,
+                    secrets=secrets, tls=tls, chunk_seconds=float(chunk_seconds), spark_master=spark_master,
+                    systemd_dir=systemd_dir, env_dir=env_dir, ready_timeout=float(ready_timeout),
+                    levels=levels, hosts=hosts, warnings=warnings)
+
+    # fixed TCP ports must not collide on one address
+    taken: dict[tuple[str, int], str] = {}
+    for h in hosts:
+        for p in h.processes(inv):
+            if p.port:
+                k = (h.address, p.port)
+                if k in taken:
+                    raise err(f"levels.{_toml_key(p.level)}", f"{h.name} {p.name} and {taken[k]} both listen on "
+                                                               f"{h.address}:{p.port}")
+                taken[k] = f"{h.name} {p.name}"
+    # hosts that share a state dir on one machine would overwrite each other's files
+    local_dirs: dict[tuple[str, str], str] = {}
+    for h in hosts:
+        if h.transport in ("netns", "local"):
+            k = ("local", h.state_dir)
+            if k in local_dirs:
+                raise err(f"hosts[{seen_names[h.name]}].state_dir", f"{h.state_dir} is also {local_dirs[k]}'s, "
+                                                                    f"on the same machine")
+            local_dirs[k] = h.name
+    if not tls:
+        warnings.append("tls = false: processes run with --insecure; only the group keys protect the groups")
+    for lv in used:
+        gcfg = groups_cfg.get(lv, {}) or {}
+        if "interface" in gcfg or "ttl" in gcfg:
+            warnings.append(f"the config's [groups.\"{lv}\"] interface/ttl are overridden per host by the inventory")
+    return inv
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _raise(e: Exception):
+    raise e
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else '"' + k.replace('"', '\\"') + '"'
+
+
+def _table(v, key, err) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise err(key, "must be a table")
+    return v
+
+
+def _no_unknown(d: dict, known: set, key: str, err) -> None:
+    extra = sorted(set(d) - known)
+    if extra:
+        raise err(f"{key}.{extra[0]}", f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def _str(d: dict, k: str, key: str, err, required: bool = False) -> str:
+    if k not in d:
+        if required:
+            raise err(f"{key}.{k}", "missing")
+        return ""
+    v = d[k]
+    if not isinstance(v, str) or not v.strip():
+        raise err(f"{key}.{k}", "must be a non-empty string")
+    if any(c in v for c in "\n\r\0"):
+        raise err(f"{key}.{k}", "must not contain newlines or NUL")
+    return v
+
+
+def _str_list(d: dict, k: str, key: str, err) -> list[str]:
+    v = d.get(k, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise err(f"{key}.{k}", "must be a list of strings")
+    return list(v)
+
+
+def _bool(d: dict, k: str, key: str, err, default: bool) -> bool:
+    v = d.get(k, default)
+    if not isinstance(v, bool):
+        raise err(f"{key}.{k}", "must be true or false")
+    return v
+
+
+def _int(d: dict, k: str, key: str, err, default: int) -> int:
+    v = d.get(k, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise err(f"{key}.{k}", "must be an integer")
+    return v
+
+
+def _num(d: dict, k: str, key: str, err, default: float) -> float:
+    v = d.get(k, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise err(f"{key}.{k}", "must be a number")
+    return float(v)
+
+
+def _ssh_options(d: dict, k: str, key: str, err) -> list[str]:
+    """ssh/scp options as ``Key=Value`` strings (each passed as ``-o Key=Value``)."""
+    opts = _str_list(d, k, key, err)
+    for o in opts:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*=[^\s].*", o):
+            raise err(f"{key}.{k}", f"{o!r}: give ssh options as \"Key=Value\" (e.g. \"Port=2222\", "
+                                   f"\"IdentityFile=/root/.ssh/strata\")")
+    return opts
+
+
+def _posix_abs(v: str, key: str, err) -> None:
+    if not v.startswith("/"):
+        raise err(key, f"{v!r} must be an absolute path on the hosts")
+    if any(c in v for c in "\"'`$\\;&|<>*?!{}()\t ") or "/../" in v + "/":
+        raise err(key, f"{v!r}: use a plain path (no spaces, quotes or shell characters)")
