@@ -14,6 +14,7 @@ translate messages and move bytes; every decision is made here:
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata.arrowio import from_ipc, to_ipc
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 
@@ -41,13 +43,19 @@ class QueryInfo:
     columns: list[str]
     results: list[Released] = field(default_factory=list)
     ended: bool = False
+    revoked_after: int | None = None  # revoked: no result with ts above this is ever released
 
 
 class MasterCore:
     def __init__(self, config: Config, level: str, chunk_instants: int = 1, cpu_threshold: float = 90.0,
                  max_in_flight: int = 2, worker_timeout: float = 3.0, chunk_deadline: float = 60.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, store=None):
+        """``store``: a :class:`~strata.master.store.MasterStore`; every registration,
+        accepted batch and advance is logged there before it is acknowledged, and
+        :meth:`restore` replays a previous run's log."""
         self.config = config
+        self.store = store
+        self._qids = itertools.count(1)
         self.pipeline = QueryPipeline(config, level, chunk_instants)
         self.level = self.pipeline.level
         self.dispatcher = Dispatcher(cpu_threshold, max_in_flight, worker_timeout)
@@ -62,6 +70,7 @@ class MasterCore:
         self.cond = threading.Condition()
         self.redispatched = 0
         self.refused: dict[str, int] = {}  # calls refused at the transport (reason → n)
+        self.revocations = 0
         self.last_input_ts: int | None = None
         self.last_output_ts: int | None = None
 
@@ -74,32 +83,108 @@ class MasterCore:
         out = []
         with self.cond:
             for text, cq in zip(texts, compiled):
-                qid, cq = self.pipeline.add_query(text, compiled=cq)
-                info = QueryInfo(qid, text, user, cq.rewritten, cq.r2s, [c.name for c in cq.outputs])
-                self.queries[qid] = info
-                out.append(info)
+                out.append(self._start_query(f"q{next(self._qids)}", text, user, cq))
+                if self.store is not None:
+                    self.store.append("register", {"query_id": out[-1].query_id, "owner": user, "text": text})
         return out
+
+    def _start_query(self, qid: str, text: str, user: str, cq=None) -> QueryInfo:
+        qid, cq = self.pipeline.add_query(text, query_id=qid, compiled=cq)
+        info = QueryInfo(qid, text, user, cq.rewritten, cq.r2s, [c.name for c in cq.outputs])
+        self.queries[qid] = info
+        return info
+
+    def _stop_query(self, qid: str, revoked_after: int | None = None) -> None:
+        info = self.queries.get(qid)
+        if info is None:
+            return
+        self.pipeline.remove_query(qid)  # later chunks no longer carry it: its branch is not computed
+        info.revoked_after = revoked_after if revoked_after is not None else -1
+        info.results = [r for r in info.results if r.last_ts <= info.revoked_after]
+        info.ended = True
+
+    # -- revocation (privacy switches) --------------------------------------------------------
+    def revoke_user(self, user: str, reason: str = "revoked") -> list[str]:
+        """Stop every query of ``user`` from the next instant on; returns their ids.
+
+        Instants closed before the call still deliver; nothing after the last
+        closed instant is computed or released for these queries.  Other
+        queries, shared or not, are untouched.
+        """
+        with self.cond:
+            upto = self.pipeline.chunker.closed_until - 1
+            qids = [q for q, i in self.queries.items() if i.owner == user and i.revoked_after is None]
+            for q in qids:
+                self._stop_query(q, upto)
+                if self.store is not None:
+                    self.store.append("remove", {"query_id": q, "revoked_after": upto, "reason": reason})
+            self.revocations += bool(qids)
+            self.cond.notify_all()
+            return qids
+
+    def owners(self) -> set[str]:
+        with self.cond:
+            return {i.owner for i in self.queries.values() if i.revoked_after is None}
+
+    # -- restart ----------------------------------------------------------------------------
+    def restore(self) -> dict:
+        """Replay the store's log into this (fresh) core; returns what was restored.
+
+        The chunks it makes are computed again by the workers; results a
+        client already has are skipped by its ``resume_after_ts``.
+        """
+        n = {"queries": 0, "batches": 0, "chunks": 0}
+        if self.store is None:
+            return n
+        with self.cond:
+            top = 0
+            for ev in self.store.events():
+                if ev.kind == "register":
+                    self._start_query(ev.body["query_id"], ev.body["text"], ev.body["owner"])
+                    top = max(top, int(ev.body["query_id"].lstrip("q") or 0))
+                    n["queries"] += 1
+                elif ev.kind == "remove":
+                    self._stop_query(ev.body["query_id"], ev.body.get("revoked_after"))
+                elif ev.kind == "ingest":
+                    self._ingest(ev.body["stream"], from_ipc(ev.data), None, log=False)
+                    n["batches"] += 1
+                elif ev.kind == "advance":
+                    n["chunks"] += self._advance(ev.body.get("upto"), ev.body.get("finish", False), log=False)
+            self._qids = itertools.count(top + 1)
+        return n
 
     # -- input ----------------------------------------------------------------------------
     def ingest(self, stream: str, table: pa.Table, source_level: str | None) -> tuple[int, int]:
         with self.cond:
-            if self._finished:
-                raise ValueError("input is finished; no more tuples are accepted")
-            accepted, dropped = self.pipeline.ingest(stream, table, source_level)
-            if accepted:
-                mx = pc.max(table.column("ts")).as_py()
-                self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
-            return accepted, dropped
+            return self._ingest(stream, table, source_level, log=True)
+
+    def _ingest(self, stream: str, table: pa.Table, source_level: str | None, log: bool) -> tuple[int, int]:
+        if self._finished:
+            raise ValueError("input is finished; no more tuples are accepted")
+        kept: list[pa.Table] = []
+        accepted, dropped = self.pipeline.ingest(stream, table, source_level,
+                                                 kept_sink=kept if log and self.store is not None else None)
+        if accepted:
+            if kept:  # only what the shepherd let through reaches the disk
+                self.store.append("ingest", {"stream": stream}, to_ipc(kept[0]))
+            mx = pc.max(table.column("ts")).as_py()
+            self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
+        return accepted, dropped
 
     def advance(self, upto_ts: int | None = None, finish: bool = False) -> int:
         with self.cond:
-            chunks = self.pipeline.finish() if finish else self.pipeline.advance(upto_ts)
-            if finish:
-                self._finished = True
-            self._ready.extend(c.chunk_id for c in chunks)
-            self._maybe_end()
-            self.cond.notify_all()
-            return len(chunks)
+            return self._advance(upto_ts, finish, log=True)
+
+    def _advance(self, upto_ts: int | None, finish: bool, log: bool) -> int:
+        chunks = self.pipeline.finish() if finish else self.pipeline.advance(upto_ts)
+        if log and self.store is not None:
+            self.store.append("advance", {"upto": upto_ts, "finish": finish})
+        if finish:
+            self._finished = True
+        self._ready.extend(c.chunk_id for c in chunks)
+        self._maybe_end()
+        self.cond.notify_all()
+        return len(chunks)
 
     # -- group table (fed by multicast heartbeats) ----------------------------------------------
     def heartbeat(self, sid: str, cpu: float, state: str = "ready", pid: int = 0) -> None:
@@ -161,7 +246,7 @@ class MasterCore:
             released = self.pipeline.complete(chunk_id, results)
             for r in released:
                 info = self.queries.get(r.query_id)
-                if info is not None and r.rows.num_rows:
+                if info is not None and r.rows.num_rows and info.revoked_after is None:
                     info.results.append(r)
                 self.last_output_ts = r.last_ts if self.last_output_ts is None else max(self.last_output_ts, r.last_ts)
             self._maybe_end()
@@ -219,5 +304,8 @@ class MasterCore:
                 "rejected": dict(self.pipeline.chunker.rejected) | {f"transport:{k}": v for k, v in self.refused.items()},
                 "dropped_by_shepherd": dict(self.pipeline.shepherd.dropped),
                 "counters": dict(self.pipeline.counters) | {"redispatched": self.redispatched,
-                                                              "duplicates": self.pipeline.merger.duplicates},
+                                                              "duplicates": self.pipeline.merger.duplicates,
+                                                              "revocations": self.revocations,
+                                                              "queries": sum(i.revoked_after is None
+                                                                             for i in self.queries.values())},
             }

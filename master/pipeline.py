@@ -19,11 +19,14 @@ from strata.chunking.chunker import Chunker
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 from strata.mlscql import CompiledQuery, compile_query
+from strata.sharing import SharedPlan, sharing_enabled
 
 from .merge import OrderedMerger
 from .shepherd import Shepherd
 
 __all__ = ["QueryPipeline", "Released"]
+
+_STRENGTH = {"complete": 3, "loose_partial": 2, "strict_partial": 1, "none": 0}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class QueryPipeline:
         self.chunks: dict[int, Chunk] = {}  # dispatched, not yet merged: kept for re-dispatch
         self.counters: Counter = Counter()
         self._ids = itertools.count(1)
+        #: the merged operator DAG of this level's queries (replicated mode: one level per master);
+        #: workers evaluate each shared plan once per chunk when ``[sharing] enabled`` (default)
+        self.sharing_enabled = sharing_enabled(config)
+        self.sharing = SharedPlan("replicated", config.instant_seconds, config.lattice)
 
     # -- queries ----------------------------------------------------------------------
     def add_query(self, text: str, query_id: str | None = None,
@@ -60,19 +67,31 @@ class QueryPipeline:
         qid = query_id or f"q{next(self._ids)}"
         self.chunker.add_query(qid, cq)
         self.queries[qid] = cq
+        decisions = self.sharing.add(qid, cq)
+        best = max(decisions, key=lambda d: _STRENGTH[d.kind], default=None)
+        if best is not None and best.kind != "none":
+            self.counters[f"sharing_{best.kind}"] += 1
         return qid, cq
 
     def remove_query(self, query_id: str) -> None:
         self.chunker.remove_query(query_id)
         self.queries.pop(query_id, None)
+        self.sharing.remove(query_id)  # shared nodes stay while another query uses them
+
+    def sharing_report(self) -> dict:
+        """The sharing decisions among this level's queries (see ``strata explain``)."""
+        return {"enabled": self.sharing_enabled, **self.sharing.to_json()}
 
     # -- input ---------------------------------------------------------------------------
-    def ingest(self, stream: str, table: pa.Table, source_level: str | None = None) -> tuple[int, int]:
+    def ingest(self, stream: str, table: pa.Table, source_level: str | None = None,
+               kept_sink: list | None = None) -> tuple[int, int]:
         """Admit a batch; returns (accepted, dropped by the shepherd).
 
         ``source_level``: the level of a source session; its tuples are stamped
         with it and may carry no other.  ``None``: labelled input (replay of a
         file whose rows carry levels), filtered by the shepherd.
+        ``kept_sink``: receives the table the shepherd let through (what the
+        master may persist: never a tuple above its level).
         """
         if source_level is not None:
             table = self.shepherd.check_source(source_level, table)
@@ -80,6 +99,8 @@ class QueryPipeline:
         kept = self.shepherd.admit(stream, table)
         dropped = self.shepherd.dropped[stream] - before
         accepted = self.chunker.push(stream, kept) if kept.num_rows else 0
+        if kept_sink is not None and accepted:
+            kept_sink.append(kept)
         self.counters["accepted"] += accepted
         self.counters["dropped_by_shepherd"] += dropped
         return accepted, dropped

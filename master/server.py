@@ -38,12 +38,14 @@ class MasterServicer(rpc.MasterServicer):
         self.core = core
         self.sessions = sessions
 
+    @staticmethod
+    def _token(context) -> str | None:
+        auth = dict(context.invocation_metadata()).get("authorization", "")
+        return auth[7:] if auth.lower().startswith("bearer ") else None
+
     def _session(self, context):
-        md = dict(context.invocation_metadata())
-        auth = md.get("authorization", "")
-        token = auth[7:] if auth.lower().startswith("bearer ") else None
         try:
-            return self.sessions.check(token)
+            return self.sessions.check(self._token(context))
         except AuthError as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
 
@@ -79,8 +81,13 @@ class MasterServicer(rpc.MasterServicer):
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, f"query {q} is not one of this user's queries")
         cursor: dict[str, int] = {}
         after = request.resume_after_ts
+        token = self._token(context)
         while context.is_active():
             released, done = self.core.wait_results(qids, cursor, timeout=0.5)
+            try:  # a revoked user's stream stops here, before anything newer is sent
+                self.sessions.check(token)
+            except AuthError as e:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, f"session ended: {e}")
             for r in released:
                 if r.last_ts <= after:
                     continue
@@ -179,10 +186,22 @@ class DispatchLoop:
                 with self.core.cond:
                     self.core.cond.wait(0.05)
 
+    def _wire(self, chunk):
+        """What travels: the chunk without new tuples no ROWS window can hold (chunking/prune.py).
+
+        The full chunk stays in the core for re-dispatch; any failure sends it unpruned."""
+        from strata.chunking.prune import prune_chunk
+
+        try:
+            return prune_chunk(chunk, dict(getattr(self.core.pipeline, "queries", {}) or {}))
+        except Exception as e:  # noqa: BLE001 - pruning is an optimization only
+            log.warning("chunk %s sent unpruned: %s", chunk.chunk_id, e)
+            return chunk
+
     def _send(self, chunk, sid: str) -> None:
         specs = [pb.QuerySpec(query_id=qc.query_id, text=self.core.queries[qc.query_id].text, level=self.core.level)
                  for qc in chunk.queries if qc.query_id in self.core.queries]
-        req = pb.ExecuteRequest(level=self.core.level, queries=specs, chunk=encode_chunk(chunk))
+        req = pb.ExecuteRequest(level=self.core.level, queries=specs, chunk=encode_chunk(self._wire(chunk)))
         md = ((AUTH_HEADER, sign_request(self.key, self.core.level, execute_digest(req))),)
         fut = self._stub(sid).Execute.future(req, timeout=self.rpc_deadline, metadata=md)
         cid = chunk.chunk_id
@@ -200,17 +219,88 @@ class DispatchLoop:
         fut.add_done_callback(done)
 
 
+class UsersWatch:
+    """Applies changes of the users file while the master runs (privacy switches).
+
+    Every ``interval`` it re-reads the file if it changed; a user who was
+    removed, or whose clearance no longer dominates this master's level, loses
+    their sessions and their queries stop from the next instant
+    (:meth:`MasterCore.revoke_user`).  ``strata users remove`` and
+    ``strata users set-clearance`` are the administrator's switches.
+    """
+
+    def __init__(self, core: MasterCore, sessions: Sessions, users, interval: float = 0.5):
+        self.core = core
+        self.sessions = sessions
+        self.users = users
+        self.interval = interval
+        self._stamp = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="users-watch", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def check(self) -> list[str]:
+        """Revoke whoever lost access since the last check; returns the users revoked."""
+        try:
+            st = self.users.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._stamp:
+            return []
+        self._stamp = stamp
+        try:
+            known = self.users.load()
+        except Exception as e:  # a half-edited file must not revoke everyone
+            log.warning("users file unreadable, keeping current access: %s", e)
+            return []
+        lat = self.users.lattice
+        gone = []
+        for user in sorted(self.core.owners() | self.sessions.users()):
+            u = known.get(user)
+            if u is None or not lat.leq(self.core.level, u.clearance):
+                self.sessions.end_user(user)  # first: a subscriber stops before its queries end
+                qids = self.core.revoke_user(user, "removed" if u is None else f"clearance {u.clearance}")
+                log.warning("revoked %s (%s): queries %s stop after instant %s", user,
+                            "removed" if u is None else f"clearance now {u.clearance}", qids,
+                            self.core.pipeline.chunker.closed_until - 1)
+                gone.append(user)
+        return gone
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.check()
+
+
 def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
-                 ready=None, stop_event: threading.Event | None = None, tls_dir=None) -> None:
+                 ready=None, stop_event: threading.Event | None = None, tls_dir=None, state_path=None) -> None:
     """Run a master until SIGTERM/SIGINT (or ``stop_event``).
 
     With ``tls_dir``: clients must present a ``client`` certificate of this
-    level, and workers a ``worker`` certificate of this level.
+    level, and workers a ``worker`` certificate of this level.  With
+    ``state_path`` (a SQLite file) queries, sessions and accepted input
+    survive a restart: the master replays them before it serves.
     """
     from strata.worker.group import GroupMember
 
-    core = MasterCore(config, level, chunk_instants=chunk_instants)
-    sessions = Sessions(users, core.level)
+    from .store import MasterStore, config_fingerprint
+
+    lv = config.lattice.parse(level)
+    store = MasterStore(state_path, lv, config_fingerprint(config)) if state_path else None
+    core = MasterCore(config, level, chunk_instants=chunk_instants, store=store)
+    sessions = Sessions(users, core.level, persist=store)
+    if store is not None:
+        restored = core.restore()
+        restored["sessions"] = sessions.restore()
+        if any(restored.values()):
+            log.warning("restored from %s: %s", state_path, restored)
     servicer = MasterServicer(core, sessions)
     creds, interceptors = None, ()
     if tls_dir is not None:
@@ -223,14 +313,20 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     member = GroupMember(spec, sid=address, role="master")
     member.state = "master"
     loop = DispatchLoop(core, spec.key, member, tls_dir=tls_dir)
+    watch = UsersWatch(core, sessions, users)
+    watch.check()  # users removed while the master was down lose their restored sessions and queries
     server.start()
     member.start()
     loop.start()
+    watch.start()
     log.info("master %s level %s serving", address, level)
 
     def cleanup():
+        watch.stop()
         loop.stop()
         member.stop()
         server.stop(grace=2).wait()
+        if store is not None:
+            store.close()
 
     run_until_stopped(stop_event, ready and (lambda: ready(address, core, member)), cleanup)

@@ -1,4 +1,9 @@
-"""Client sessions: password login at the master's level, bearer tokens, throttling."""
+"""Client sessions: password login at the master's level, bearer tokens, throttling.
+
+Sessions are looked up by a SHA-256 of their token; with a
+:class:`~strata.master.store.MasterStore` they outlive a master restart (only
+the digest is written to disk).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import time
 from dataclasses import dataclass
 
 from strata.users import AuthError, Principal, UserStore
+
+from .store import token_digest
 
 __all__ = ["Sessions", "Session"]
 
@@ -24,8 +31,11 @@ class Sessions:
     """Login level must equal the master's level; the clearance may be higher."""
 
     def __init__(self, store: UserStore, level: str, ttl: float = 12 * 3600,
-                 max_failures: int = 5, lockout: float = 30.0, clock=time.monotonic):
+                 max_failures: int = 5, lockout: float = 30.0, clock=time.monotonic, persist=None,
+                 wall=time.time):
         self.store = store
+        self.persist = persist  # MasterStore or None
+        self._wall = wall
         self.level = level
         self.ttl = ttl
         self.max_failures = max_failures
@@ -60,28 +70,51 @@ class Sessions:
         with self._lock:
             self._failures.pop(user, None)
             s = Session(secrets.token_urlsafe(32), principal, now, now)
-            self._by_token[s.token] = s
+            self._by_token[token_digest(s.token)] = s
+        if self.persist is not None:
+            self.persist.save_session(s.token, principal.user, principal.level, self._wall())
         return s
 
     def check(self, token: str | None) -> Session:
         now = self._clock()
+        key = token_digest(token or "")
         with self._lock:
-            s = self._by_token.get(token or "")
+            s = self._by_token.get(key)
             if s is None or now - s.created > self.ttl:
                 if s is not None:
-                    del self._by_token[s.token]
+                    del self._by_token[key]
+                    if self.persist is not None:
+                        self.persist.drop_session(key)
                 raise AuthError("invalid or expired session token")
             s.last_used = now
             return s
 
     def logout(self, token: str) -> None:
+        key = token_digest(token)
         with self._lock:
-            self._by_token.pop(token, None)
+            self._by_token.pop(key, None)
+        if self.persist is not None:
+            self.persist.drop_session(key)
 
-    def restore(self, token: str, principal: Principal, created: float | None = None) -> None:
-        now = self._clock()
-        with self._lock:
-            self._by_token[token] = Session(token, principal, created if created is not None else now, now)
+    def restore(self) -> int:
+        """Take back the sessions a previous run of this master persisted (expired ones are dropped)."""
+        if self.persist is None:
+            return 0
+        now, wall = self._clock(), self._wall()
+        users = self.store.load()
+        n = 0
+        for st in self.persist.sessions():
+            age = wall - st.created
+            u = users.get(st.user)  # the users file may have changed while the master was down
+            if age > self.ttl or st.level != self.level or u is None or \
+                    not self.store.lattice.leq(st.level, u.clearance):
+                self.persist.drop_session(st.token_sha256)
+                continue
+            principal = Principal(st.user, st.level)
+            with self._lock:
+                self._by_token[st.token_sha256] = Session("", principal, now - age, now)
+            n += 1
+        return n
 
     def end_user(self, user: str) -> int:
         """End every session of a user (revocation); returns how many ended."""
@@ -89,4 +122,10 @@ class Sessions:
             gone = [t for t, s in self._by_token.items() if s.principal.user == user]
             for t in gone:
                 del self._by_token[t]
+        if self.persist is not None:
+            self.persist.drop_user_sessions(user)
         return len(gone)
+
+    def users(self) -> set[str]:
+        with self._lock:
+            return {s.principal.user for s in self._by_token.values()}

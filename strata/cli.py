@@ -81,6 +81,21 @@ def cmd_users_remove(args) -> int:
         UserStore(cfg.users_path, cfg.lattice).remove(args.name)
     except UserError as e:
         raise CliError(str(e), EXIT_REJECTED) from None
+    print(f"user {args.name} removed; running masters end their sessions and queries within a second",
+          file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_users_set_clearance(args) -> int:
+    from .users import UserError, UserStore
+
+    cfg = _config(args)
+    try:
+        u = UserStore(cfg.users_path, cfg.lattice).set_clearance(args.name, args.clearance)
+    except UserError as e:
+        raise CliError(str(e), EXIT_REJECTED) from None
+    print(f"user {u.name} now has clearance {u.clearance}; masters of levels it no longer dominates end the "
+          f"user's sessions and queries within a second", file=sys.stderr)
     return EXIT_OK
 
 
@@ -89,18 +104,59 @@ def cmd_explain(args) -> int:
     from .mlscql import QueryError, compile_query
 
     cfg = _config(args)
-    text = args.query if args.query != "-" else sys.stdin.read()
-    try:
-        cq = compile_query(text, cfg, args.level)
-    except QueryError as e:
-        raise CliError(str(e).replace("\n", " "), EXIT_REJECTED) from None
+    specs = _explain_queries(args)
+    if not specs:
+        raise CliError("give a query (or --query/--query-at/--file)", EXIT_REJECTED)
+    compiled = []
+    for level, text in specs:
+        try:
+            compiled.append(compile_query(text, cfg, level))
+        except QueryError as e:
+            prefix = f"query {len(compiled) + 1}: " if len(specs) > 1 else ""
+            raise CliError(prefix + str(e).replace("\n", " "), EXIT_REJECTED) from None
+    if len(compiled) == 1 and not args.sharing:
+        cq = compiled[0]
+        if args.json:
+            print(json.dumps(cq.to_json(), ensure_ascii=False))
+        else:
+            print(cq.rewritten)
+            for n in cq.notes:
+                print(f"-- {n}")
+        return EXIT_OK
+    from .sharing.explain import explain_sharing, render_sharing
+
+    report = explain_sharing(compiled, cfg, mode=args.mode)
     if args.json:
-        print(json.dumps(cq.to_json(), ensure_ascii=False))
+        print(json.dumps(report, ensure_ascii=False))
     else:
-        print(cq.rewritten)
-        for n in cq.notes:
-            print(f"-- {n}")
+        print(render_sharing(report))
     return EXIT_OK
+
+
+def _explain_queries(args) -> list[tuple[str, str]]:
+    """(level, text) of every query given to ``explain``, in order."""
+    out: list[tuple[str, str]] = []
+    for text in ([args.query] if args.query is not None else []) + list(args.queries or []):
+        out.append((args.level, sys.stdin.read() if text == "-" else text))
+    for level, text in args.query_at or []:
+        out.append((level, text))
+    for path in args.file or []:
+        try:
+            lines = open(path, encoding="utf-8").read().splitlines()
+        except OSError as e:
+            raise CliError(f"cannot read {path}: {e}") from None
+        for line in lines:
+            line = line.strip()
+            if not line or line.startswith("#") or line.startswith("--"):
+                continue
+            if line.startswith("@"):  # "@LEVEL query"
+                level, _, text = line[1:].partition(" ")
+                out.append((level, text.strip()))
+            else:
+                out.append((args.level, line))
+    if any(level is None for level, _ in out):
+        raise CliError("--level is required for queries given without their own level", EXIT_REJECTED)
+    return out
 
 
 # ---- parser -----------------------------------------------------------------------
@@ -125,12 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
     ur.add_argument("--config", required=True)
     ur.add_argument("--name", required=True)
     ur.set_defaults(func=cmd_users_remove)
+    uc = usub.add_parser("set-clearance", help="change a user's clearance (a downgrade revokes access at once)")
+    uc.add_argument("--config", required=True)
+    uc.add_argument("--name", required=True)
+    uc.add_argument("--clearance", required=True)
+    uc.set_defaults(func=cmd_users_set_clearance)
 
     ex = sub.add_parser("explain", help="check and rewrite a query offline (Alg. 2-4)")
     ex.add_argument("--config", required=True)
-    ex.add_argument("--level", required=True, help="the session level the query would run at")
+    ex.add_argument("--level", help="the session level the queries run at")
     ex.add_argument("--json", action="store_true", help="print a JSON object")
-    ex.add_argument("query", help="MLS-CQL text, or - to read stdin")
+    ex.add_argument("query", nargs="?", help="MLS-CQL text, or - to read stdin")
+    ex.add_argument("--query", dest="queries", action="append", metavar="TEXT",
+                    help="another query at --level (repeat); with two or more, sharing decisions are shown")
+    ex.add_argument("--query-at", nargs=2, action="append", metavar=("LEVEL", "TEXT"),
+                    help="a query at its own level (trusted-mode sharing across levels)")
+    ex.add_argument("--file", action="append", metavar="PATH",
+                    help="queries, one a line ('@LEVEL text' for another level; # comments)")
+    ex.add_argument("--mode", choices=("replicated", "trusted"), default="replicated",
+                    help="sharing analysis: replicated shares within a level only (the cluster), "
+                         "trusted also across levels (dissertation §6.3)")
+    ex.add_argument("--sharing", action="store_true", help="show sharing analysis even for one query")
     ex.set_defaults(func=cmd_explain)
 
     for register in _EXTENSIONS:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Iterator
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from strata.arrowio import from_ipc, to_ipc
 from strata.rpc import strata_pb2 as pb
@@ -37,7 +39,9 @@ class Client:
 
     def __init__(self, address: str, tls_dir=None, level: str | None = None, timeout: float = 60.0):
         opts = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                # a restarted master is found again within ~2 s, not after gRPC's default 2 min back-off
+                ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
         if tls_dir is not None:
             from strata.tls import TlsError, find_client_level, secure_channel
 
@@ -54,6 +58,13 @@ class Client:
 
     def close(self) -> None:
         self.channel.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the master answers connections (e.g. after it restarted)."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise ClientError(f"master not reachable within {timeout:.0f} s") from None
 
     def __enter__(self):
         return self
@@ -93,6 +104,57 @@ class Client:
                 yield batch.query_id, None
             else:
                 yield batch.query_id, from_ipc(batch.arrow)
+
+    def follow(self, query_ids: list[str], acked: dict[str, int] | None = None,
+               reconnect_seconds: float = 120.0, on_reconnect=None) -> Iterator[tuple[str, pa.Table | None]]:
+        """Like :meth:`subscribe`, but survives a master restart.
+
+        ``acked`` (query id → last instant received; updated in place) is the
+        client's position.  When the master goes away the client waits up to
+        ``reconnect_seconds`` for it to come back (same address, same session
+        token: the master persisted it), subscribes again after the smallest
+        acknowledged instant and drops rows it already has, so every result
+        arrives exactly once.  ``on_reconnect(attempt)`` is called before each
+        attempt.
+        """
+        if not query_ids:
+            raise ClientError("follow needs the query ids")
+        acked = acked if acked is not None else {}
+        open_ids = set(query_ids)
+        attempt = 0
+        while open_ids:
+            after = min(acked.get(q, -1) for q in open_ids)
+            try:
+                stream = self.stub.Subscribe(pb.SubscribeRequest(query_ids=sorted(open_ids), resume_after_ts=after),
+                                             metadata=self._md)
+                for batch in stream:
+                    attempt = 0
+                    if batch.end:
+                        open_ids.discard(batch.query_id)
+                        yield batch.query_id, None
+                        continue
+                    last = acked.get(batch.query_id, -1)
+                    if batch.last_ts <= last:
+                        continue  # already delivered before the restart
+                    table = from_ipc(batch.arrow)
+                    if batch.first_ts <= last:
+                        table = table.filter(pc.greater(table.column("ts"), last))
+                    acked[batch.query_id] = batch.last_ts
+                    yield batch.query_id, table
+                return
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or attempt > 0 and \
+                        time.monotonic() > deadline:
+                    raise ClientError(f"{e.code().name}: {e.details()}") from None
+                if attempt == 0:
+                    deadline = time.monotonic() + reconnect_seconds
+                attempt += 1
+                if on_reconnect is not None:
+                    on_reconnect(attempt)
+                try:
+                    grpc.channel_ready_future(self.channel).result(timeout=max(0.1, deadline - time.monotonic()))
+                except grpc.FutureTimeoutError:
+                    raise ClientError(f"master did not come back within {reconnect_seconds:.0f} s") from None
 
     def ingest(self, batches: Iterable[tuple[str, pa.Table]], labelled: bool = False) -> pb.IngestReply:
         def gen():

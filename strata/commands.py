@@ -84,6 +84,7 @@ def cmd_worker(args) -> int:
 
 def cmd_master(args) -> int:
     from strata.master.server import serve_master
+    from strata.master.store import StateMismatch
     from strata.users import UserStore
 
     cfg = _config(args)
@@ -91,8 +92,18 @@ def cmd_master(args) -> int:
     spec = _spec(args, cfg)
     users = UserStore(cfg.users_path, cfg.lattice)
     chunk_instants = max(1, round(args.chunk_seconds / cfg.instant_seconds))
-    serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
-                 ready=_ready_writer(args.ready_file, "master"), tls_dir=tls_dir)
+    state_path = None
+    if args.state_dir and not args.no_persist:
+        from .groups import level_slug
+
+        state_path = Path(args.state_dir) / f"master-{level_slug(cfg.lattice.parse(args.level))}.sqlite"
+    elif not args.no_persist:
+        _progress("WARNING: no --state-dir: queries, sessions and input are lost if this master stops")
+    try:
+        serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
+                     ready=_ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path)
+    except StateMismatch as e:  # the state file belongs to another level or configuration
+        raise CliError(str(e)) from None
     return EXIT_OK
 
 
@@ -182,7 +193,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                 env = {**os.environ, **worker_env[int(name.rsplit("-", 1)[1])]}
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env=env)
-            procs.append({"name": name, "role": role, "level": lv, "pid": p.pid, "ready": str(ready)})
+            procs.append({"name": name, "role": role, "level": lv, "pid": p.pid, "ready": str(ready), "cmd": cmd,
+                          "env": (env or {}) and {k: v for k, v in env.items() if k.startswith("STRATA_")}})
     record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs,
               "tls_dir": str((state_dir / "tls").resolve()) if tls else None}
     (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
@@ -209,6 +221,40 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
     return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
             "tls_dir": record["tls_dir"]}
+
+
+def restart_process(state_dir: Path, name: str, timeout: float = 120.0) -> dict:
+    """Start a stopped process of an embedded cluster again, on the address it had.
+
+    A restarted master reads its state file (queries, sessions, input) and
+    resumes; clients reconnect to the same address.
+    """
+    f = state_dir / "cluster.json"
+    record = json.loads(f.read_text())
+    p = next((x for x in record["processes"] if x["name"] == name), None)
+    if p is None:
+        raise CliError(f"no process {name!r} in {f}")
+    if _alive(p["pid"]):
+        raise CliError(f"{name} (pid {p['pid']}) is still running")
+    cmd = list(p["cmd"])
+    cmd[cmd.index("--listen") + 1] = p["address"]
+    ready = Path(p["ready"])
+    ready.unlink(missing_ok=True)
+    log = open(state_dir / "logs" / f"{name}.log", "ab")
+    env = {**os.environ, **(p.get("env") or {})}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    p["pid"] = proc.pid
+    f.write_text(json.dumps(record, indent=2))
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if not _alive(proc.pid):
+            tail = (state_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
+            raise CliError(f"{name} exited during restart; log tail:\n{tail}")
+        if time.monotonic() > deadline:
+            raise CliError(f"{name} did not restart within {timeout:.0f} s")
+        time.sleep(0.1)
+    return p
 
 
 def _alive(pid: int) -> bool:
@@ -353,6 +399,8 @@ def _fmt(v) -> str:
 
 
 def cmd_query(args) -> int:
+    from .client import ClientError
+
     c = _login(args.master, args.user, _client_level(args), _client_tls(args))
     regs = _register(c, args.query)
     names = {r.query_id: list(r.columns) for r in regs}
@@ -360,8 +408,14 @@ def cmd_query(args) -> int:
     if writer:
         for r in regs:
             writer.writerow(["query", "ts", "level", *r.columns])
+    def reconnecting(attempt):
+        if attempt == 1:
+            _progress(f"lost the master; reconnecting for up to {args.reconnect_seconds:.0f} s and resuming "
+                      f"after the last instant received")
+
     try:
-        for qid, table in c.subscribe([r.query_id for r in regs]):
+        for qid, table in c.follow([r.query_id for r in regs], reconnect_seconds=args.reconnect_seconds,
+                                   on_reconnect=reconnecting):
             if table is None:
                 continue
             for row in table.to_pylist():
@@ -372,6 +426,8 @@ def cmd_query(args) -> int:
             sys.stdout.flush()
     except KeyboardInterrupt:
         pass
+    except ClientError as e:
+        raise CliError(f"result stream failed: {e}") from None
     finally:
         c.close()
     return EXIT_OK
@@ -562,6 +618,8 @@ def add_parsers(sub) -> None:
     common(m)
     m.add_argument("--listen", default="127.0.0.1:0")
     m.add_argument("--chunk-seconds", type=float, default=1.0)
+    m.add_argument("--no-persist", action="store_true",
+                   help="keep queries, sessions and input in memory only (a restart loses them)")
     m.set_defaults(func=cmd_master)
 
     up = sub.add_parser("up", help="start an embedded local cluster in the background")
@@ -602,6 +660,8 @@ def add_parsers(sub) -> None:
     client(q)
     q.add_argument("--query", action="append", required=True)
     q.add_argument("--format", choices=["csv", "json"], default="csv")
+    q.add_argument("--reconnect-seconds", type=float, default=120.0,
+                   help="how long to wait for a restarted master before giving up")
     q.set_defaults(func=cmd_query)
 
     ing = sub.add_parser("ingest", help="send a CSV/JSONL file of tuples to a master")

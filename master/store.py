@@ -1,0 +1,145 @@
+"""What a master must not forget across a restart, in one SQLite file under its state dir.
+
+One ordered event log, written before a call is acknowledged:
+
+* ``register``  a query (id, owner, text);
+* ``remove``    a query stopped (revocation, owner gone);
+* ``ingest``    a batch the pipeline accepted (Arrow IPC bytes + the session's source level);
+* ``advance``   instants closed up to a timestamp, or ``finish``.
+
+plus the live sessions (only a SHA-256 of each token is stored) and the
+configuration's fingerprint.  A restarted master replays the log into a fresh
+pipeline: the same calls in the same order make the same chunks, which are
+computed again; a client resumes by subscribing after the last instant it
+acknowledged (``resume_after_ts``), so it sees each result once.
+
+Writes use ``synchronous=FULL`` in WAL mode: a batch whose Ingest call returned
+survives a crash of the master or of its host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["MasterStore", "Event", "StoredSession", "StateMismatch", "token_digest", "config_fingerprint"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL DEFAULT '{}',
+    data BLOB
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    token_sha256 TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    level TEXT NOT NULL,
+    created REAL NOT NULL
+);
+"""
+
+
+class StateMismatch(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    kind: str
+    body: dict
+    data: bytes | None
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    token_sha256: str
+    user: str
+    level: str
+    created: float  # wall clock (time.time())
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class MasterStore:
+    def __init__(self, path: Path | str, level: str, fingerprint: str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        self._check_meta(level, fingerprint)
+        self.path.chmod(0o600)
+
+    def _check_meta(self, level: str, fingerprint: str) -> None:
+        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if not meta:
+            with self._lock:
+                self._db.executemany("INSERT INTO meta VALUES (?, ?)",
+                                     [("level", level), ("config", fingerprint), ("created", str(time.time()))])
+            return
+        if meta.get("level") != level:
+            raise StateMismatch(f"{self.path}: state of a level-{meta.get('level')} master, not {level}")
+        if meta.get("config") != fingerprint:
+            raise StateMismatch(f"{self.path}: written under a different configuration (lattice or streams "
+                                f"changed); move the file away to start this master afresh")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- events --------------------------------------------------------------------------
+    def append(self, kind: str, body: dict | None = None, data: bytes | None = None) -> int:
+        with self._lock:
+            cur = self._db.execute("INSERT INTO events (kind, body, data) VALUES (?, ?, ?)",
+                                   (kind, json.dumps(body or {}, sort_keys=True), data))
+            return int(cur.lastrowid)
+
+    def events(self) -> Iterator[Event]:
+        with self._lock:
+            rows = self._db.execute("SELECT seq, kind, body, data FROM events ORDER BY seq").fetchall()
+        for seq, kind, body, data in rows:
+            yield Event(int(seq), kind, json.loads(body), data)
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+
+    # -- sessions ------------------------------------------------------------------------------
+    def save_session(self, token: str, user: str, level: str, created: float) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)",
+                             (token_digest(token), user, level, created))
+
+    def drop_session(self, token_sha256: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sessions WHERE token_sha256 = ?", (token_sha256,))
+
+    def drop_user_sessions(self, user: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sessions WHERE user = ?", (user,))
+
+    def sessions(self) -> list[StoredSession]:
+        with self._lock:
+            rows = self._db.execute("SELECT token_sha256, user, level, created FROM sessions").fetchall()
+        return [StoredSession(*r) for r in rows]
+
+
+def config_fingerprint(config) -> str:
+    """What a stored log depends on: the lattice and the streams (not users, not cluster settings)."""
+    streams = {name: [list(c) for c in s.columns] for name, s in sorted(config.streams.items())}
+    doc = {"lattice": repr(config.lattice), "streams": streams, "instant": config.instant_seconds}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,150 @@
+"""Master persistence as plain logic: the event log replays into the same chunks; sessions come back
+by token digest; an S master's disk never holds a TS tuple; revocation is logged and survives a restart."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pyarrow as pa
+import pytest
+
+from strata.chunking.codec import encode_chunk
+from strata.config import parse_config
+from strata.examples import BATTLEFIELD_TOML
+from strata.master.core import MasterCore
+from strata.master.sessions import Sessions
+from strata.master.store import MasterStore, StateMismatch, config_fingerprint, token_digest
+from strata.users import AuthError, UserStore
+
+QUERIES = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 3] GROUP BY sid", "SELECT COUNT(*) FROM Vitals"]
+MARKER = 987654.25  # a TS tuple's value that must never reach the S master's disk
+
+
+def vitals(ts0: int, n: int) -> pa.Table:
+    lv = ["U", "C", "S", "TS"]
+    return pa.table({"ts": [ts0 + i // 2 for i in range(n)], "level": [lv[i % 4] for i in range(n)],
+                     "sid": [f"s{i % 3}" for i in range(n)],
+                     "bp": [MARKER if lv[i % 4] == "TS" else float(100 + i) for i in range(n)],
+                     "pr": [1.0] * n, "weight": [1.0] * n})
+
+
+def make(tmp_path, cfg, level="S"):
+    store = MasterStore(tmp_path / "m.sqlite", cfg.lattice.parse(level), config_fingerprint(cfg))
+    return MasterCore(cfg, level, chunk_instants=2, store=store), store
+
+
+def drive(core):
+    core.register("ann", QUERIES[:1])
+    core.ingest("Vitals", vitals(1, 8), None)
+    core.advance(upto_ts=3)
+    core.register("bob", QUERIES[1:])
+    core.ingest("Vitals", vitals(4, 8), None)
+    core.advance(upto_ts=6)
+    core.ingest("Vitals", vitals(7, 6), None)
+    core.advance(finish=True)
+
+
+def chunk_bytes(core):
+    return [encode_chunk(core.pipeline.chunks[c]) for c in sorted(core.pipeline.chunks)]
+
+
+def test_replayed_log_makes_the_same_chunks_and_queries(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    core, store = make(tmp_path, cfg)
+    drive(core)
+    want = chunk_bytes(core)
+    assert len(want) >= 4
+    store.close()
+    again, store2 = make(tmp_path, cfg)
+    restored = again.restore()
+    assert restored["queries"] == 2 and restored["batches"] == 3
+    assert chunk_bytes(again) == want
+    assert {q: (i.owner, i.text) for q, i in again.queries.items()} == \
+        {q: (i.owner, i.text) for q, i in core.queries.items()}
+    assert again.register("cid", ["SELECT bp FROM Vitals"])[0].query_id == "q3"  # ids continue
+    store2.close()
+
+
+def test_s_master_never_persists_a_ts_tuple(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    core, store = make(tmp_path, cfg)
+    drive(core)
+    store.close()
+    raw = (tmp_path / "m.sqlite").read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("m.sqlite-*"))
+    assert pa.py_buffer(pa.array([MARKER]).buffers()[1]).to_pybytes() not in raw
+    rows = sqlite3.connect(tmp_path / "m.sqlite").execute("SELECT data FROM events WHERE kind='ingest'").fetchall()
+    from strata.arrowio import from_ipc
+
+    levels = {lv for (data,) in rows for lv in from_ipc(data).column("level").to_pylist()}
+    assert levels <= {"U", "C", "S"}
+
+
+def test_rejected_input_is_not_logged(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    core, store = make(tmp_path, cfg)
+    core.register("ann", QUERIES[:1])
+    core.ingest("Vitals", vitals(1, 4), None)
+    core.advance(upto_ts=5)
+    n = store.count()
+    with pytest.raises(ValueError):  # late: instants below 5 are closed
+        core.ingest("Vitals", vitals(2, 2), None)
+    with pytest.raises(ValueError):
+        core.ingest("Nope", vitals(9, 2), None)
+    assert store.count() == n
+
+
+def test_state_of_another_level_or_config_is_refused(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    core, store = make(tmp_path, cfg)
+    store.close()
+    with pytest.raises(StateMismatch, match="level-S master"):
+        MasterStore(tmp_path / "m.sqlite", "TS", config_fingerprint(cfg))
+    other = parse_config(BATTLEFIELD_TOML + "\n[streams.Extra]\nx = \"double\"\n")
+    with pytest.raises(StateMismatch, match="different configuration"):
+        MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(other))
+
+
+def test_sessions_survive_a_restart_by_digest_only(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    users = UserStore(tmp_path / "users.json", cfg.lattice)
+    users.add("ann", "TS", "pw")
+    users.add("bob", "S", "pw")
+    store = MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(cfg))
+    s1 = Sessions(users, "S", persist=store)
+    ann = s1.login("ann", "pw", "S").token
+    bob = s1.login("bob", "pw", "S").token
+    gone = s1.login("ann", "pw", "S").token
+    s1.logout(gone)
+    store.close()
+    assert ann.encode() not in (tmp_path / "m.sqlite").read_bytes()
+    users.set_clearance("bob", "C")  # downgraded while the master was down
+    store = MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(cfg))
+    s2 = Sessions(users, "S", persist=store)
+    assert s2.restore() == 1
+    assert s2.check(ann).principal.user == "ann"
+    for t in (bob, gone, "forged"):
+        with pytest.raises(AuthError):
+            s2.check(t)
+    assert {s.token_sha256 for s in store.sessions()} == {token_digest(ann)}
+
+
+def test_revocation_stops_only_that_users_queries_and_survives_restart(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    core, store = make(tmp_path, cfg)
+    a = core.register("ann", QUERIES[:1])[0].query_id
+    b = core.register("bob", QUERIES[:1])[0].query_id
+    core.ingest("Vitals", vitals(1, 8), None)
+    core.advance(upto_ts=3)
+    assert core.revoke_user("ann") == [a]
+    assert core.queries[a].revoked_after == 3 and core.queries[a].ended  # instants <= 3 were closed
+    core.ingest("Vitals", vitals(4, 8), None)
+    new = core.advance(upto_ts=7)
+    later = [c for c in core.pipeline.chunks.values() if c.first_ts >= 4]
+    assert new and later and all({q.query_id for q in c.queries} == {b} for c in later)  # branch not computed
+    store.close()
+    again, store2 = make(tmp_path, cfg)
+    again.restore()
+    assert again.queries[a].revoked_after == 3 and not again.queries[b].ended
+    assert all({q.query_id for q in c.queries} == {b} for c in again.pipeline.chunks.values() if c.first_ts >= 4)
+    store2.close()
