@@ -28,6 +28,7 @@ from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 
 from .dispatch import Dispatcher
+from .shepherd import ShepherdError
 from .pipeline import QueryPipeline, Released
 
 __all__ = ["MasterCore", "QueryInfo"]
@@ -71,6 +72,8 @@ class MasterCore:
         self.redispatched = 0
         self.refused: dict[str, int] = {}  # calls refused at the transport (reason → n)
         self.revocations = 0
+        self.input_rejected: dict[str, int] = {}  # rejections the chunker does not count (reason → n)
+        self.group_rejected = None  # callable → Counter of refused heartbeats (set by the server)
         self.last_input_ts: int | None = None
         self.last_output_ts: int | None = None
 
@@ -79,7 +82,12 @@ class MasterCore:
         """Compile all texts first (all or nothing), then start them."""
         from strata.mlscql import compile_query
 
-        compiled = [compile_query(t, self.config, self.level) for t in texts]  # raises QueryError
+        try:
+            compiled = [compile_query(t, self.config, self.level) for t in texts]
+        except Exception:  # QueryError: counted, then the caller gets the message
+            with self.cond:
+                self.input_rejected["query"] = self.input_rejected.get("query", 0) + 1
+            raise
         out = []
         with self.cond:
             for text, cq in zip(texts, compiled):
@@ -162,14 +170,22 @@ class MasterCore:
         if self._finished:
             raise ValueError("input is finished; no more tuples are accepted")
         kept: list[pa.Table] = []
-        accepted, dropped = self.pipeline.ingest(stream, table, source_level,
-                                                 kept_sink=kept if log and self.store is not None else None)
+        try:
+            accepted, dropped = self.pipeline.ingest(stream, table, source_level,
+                                                     kept_sink=kept if log and self.store is not None else None)
+        except ShepherdError:  # the chunker counts its own rejections; count the shepherd's here
+            self.count_rejected("bad_level", table.num_rows)
+            raise
         if accepted:
             if kept:  # only what the shepherd let through reaches the disk
                 self.store.append("ingest", {"stream": stream}, to_ipc(kept[0]))
             mx = pc.max(table.column("ts")).as_py()
             self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
         return accepted, dropped
+
+    def count_rejected(self, reason: str, n: int = 1) -> None:
+        with self.cond:
+            self.input_rejected[reason] = self.input_rejected.get(reason, 0) + max(int(n), 1)
 
     def advance(self, upto_ts: int | None = None, finish: bool = False) -> int:
         with self.cond:
@@ -301,7 +317,9 @@ class MasterCore:
                 "backlog_chunks": self.pipeline.backlog,
                 "ready_chunks": len(self._ready),
                 "lag_instants": max(0.0, lag),
-                "rejected": dict(self.pipeline.chunker.rejected) | {f"transport:{k}": v for k, v in self.refused.items()},
+                "rejected": dict(self.pipeline.chunker.rejected) | self.input_rejected
+                | {f"transport:{k}": v for k, v in self.refused.items()}
+                | {f"multicast:{k}": v for k, v in (self.group_rejected() if self.group_rejected else {}).items()},
                 "dropped_by_shepherd": dict(self.pipeline.shepherd.dropped),
                 "counters": dict(self.pipeline.counters) | {"redispatched": self.redispatched,
                                                               "duplicates": self.pipeline.merger.duplicates,

@@ -31,6 +31,7 @@ __all__ = ["MasterServicer", "DispatchLoop", "serve_master"]
 
 log = logging.getLogger("strata.master")
 MAX_INGEST_ROWS = 1_000_000
+MAX_INGEST_BYTES = 64 * 1024 * 1024  # per batch; the transport allows twice that so a bigger one is counted
 
 
 class MasterServicer(rpc.MasterServicer):
@@ -106,9 +107,17 @@ class MasterServicer(rpc.MasterServicer):
         accepted = dropped = rejected = 0
         for batch in request_iterator:
             try:
-                table = from_ipc(batch.arrow)
+                if len(batch.arrow) > MAX_INGEST_BYTES:
+                    self.core.count_rejected("oversized")
+                    raise ValueError(f"batch of {len(batch.arrow)} bytes exceeds {MAX_INGEST_BYTES}; split it")
+                try:
+                    table = from_ipc(batch.arrow)
+                except (ValueError, pa.ArrowInvalid) as e:
+                    self.core.count_rejected("bad_batch")
+                    raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None
                 if table.num_rows > MAX_INGEST_ROWS:
-                    raise ValueError(f"batch of {table.num_rows} rows exceeds {MAX_INGEST_ROWS}")
+                    self.core.count_rejected("oversized")
+                    raise ValueError(f"batch of {table.num_rows} rows exceeds {MAX_INGEST_ROWS}; split it")
                 source = None if batch.labelled else s.principal.level
                 a, d = self.core.ingest(batch.stream, table, source)
                 accepted += a
@@ -133,7 +142,8 @@ class MasterServicer(rpc.MasterServicer):
         rejected.update({f"shepherd:{k}": int(v) for k, v in st["dropped_by_shepherd"].items()})
         return pb.StatusReply(level=st["level"], workers=workers, backlog_chunks=st["backlog_chunks"],
                               lag_seconds=st["lag_instants"], rejected=rejected,
-                              counters={k: int(v) for k, v in st["counters"].items()})
+                              counters={k: int(v) for k, v in st["counters"].items()}
+                              | {"failed_logins": self.sessions.failed_logins})
 
 
 class DispatchLoop:
@@ -309,9 +319,10 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
         creds = server_credentials(tls_dir, "master", core.level)
         interceptors = (PeerCheck(core.level, ("client",), refused=core.refused),)
     server, address = build_server(rpc.add_MasterServicer_to_server, servicer, listen, credentials=creds,
-                                   max_workers=16, max_receive=64 * 1024 * 1024, interceptors=interceptors)
+                                   max_workers=16, max_receive=2 * MAX_INGEST_BYTES, interceptors=interceptors)
     member = GroupMember(spec, sid=address, role="master")
     member.state = "master"
+    core.group_rejected = lambda: member.rejected
     loop = DispatchLoop(core, spec.key, member, tls_dir=tls_dir)
     watch = UsersWatch(core, sessions, users)
     watch.check()  # users removed while the master was down lose their restored sessions and queries
