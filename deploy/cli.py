@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from strata.cli import EXIT_ERROR, EXIT_OK, CliError
 
 from .inventory import Host, Inventory, InventoryError, load_inventory
-from .remote import RemoteError, Transport, agent_argv, transport_for, transport_from_record
+from .remote import RemoteError, agent_argv, transport_for, transport_from_record
 from .units import (key_files_for, log_file, process_argv, process_env, ready_file, render_env_files,
                     render_units, tls_files_for, tls_supported, write_rendered)
 
@@ -86,6 +86,10 @@ def ensure_secrets(inv: Inventory) -> None:
     tdir = inv.secrets / "tls"
     need = {lv: roles for lv, roles in _tls_roles(inv).items()}
     missing = [lv for lv, roles in need.items() if not all(stls.has_material(tdir, r, lv) for r in roles)]
+    if missing and (tdir / "ca.pem").exists() and not (tdir / "ca.key").exists():
+        raise CliError(f"{tdir}: certificates for levels {', '.join(missing)} are missing and the CA key is not "
+                       f"there (kept offline?): issue them with `strata certs --out` a directory holding "
+                       f"ca.pem and ca.key, and copy the level's files into {tdir}")
     if missing:
         _progress(f"new TLS certificates for levels {', '.join(missing)} in {tdir} (CA key stays here)")
         stls.create_deployment(tdir, missing)
@@ -104,8 +108,7 @@ def _host_files(inv: Inventory, host: Host, systemd: bool) -> list[tuple[Path | 
         if host.masters:  # only masters check logins; workers never see the users file
             users = inv.config.users_path
             if users.exists():
-                remote = str(PurePosixPath(host.config).with_name(PurePosixPath(host.config).stem + ".users.json"))
-                files.append((users, remote, 0o600))
+                files.append((users, _remote_users_file(host), 0o600))
     for dst, src in key_files_for(inv, host).items():
         files.append((src, dst, 0o600))
     for dst, src in tls_files_for(inv, host).items():
@@ -118,6 +121,10 @@ def _host_files(inv: Inventory, host: Host, systemd: bool) -> list[tuple[Path | 
     return files
 
 
+def _remote_users_file(host: Host) -> str:
+    return str(PurePosixPath(host.config).with_name(PurePosixPath(host.config).stem + ".users.json"))
+
+
 def _plan(inv: Inventory, host: Host, systemd: bool) -> dict:
     procs = []
     for p in host.processes(inv):
@@ -126,7 +133,8 @@ def _plan(inv: Inventory, host: Host, systemd: bool) -> dict:
                       "env": {k: v for k, v in env.items() if k.startswith("STRATA_GROUP_") or k == "PYARROW_IGNORE_TIMEZONE"},
                       "ready": ready_file(host, p), "log": log_file(host, p), "unit": p.unit})
     return {"deployment": inv.name, "mode": "systemd" if systemd else "process", "processes": procs,
-            "service_user": host.service_user}
+            "service_user": host.service_user,
+            "chown": [_remote_users_file(host)] if (host.masters and inv.push_config) else []}
 
 
 def _prepare_and_start(inv: Inventory, host: Host, systemd: bool) -> dict:

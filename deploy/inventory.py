@@ -205,6 +205,7 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
     _posix_abs(remote_config, "deployment.remote_config", err)
     push_config = _bool(dep, "push_config", "deployment", err, True)
     state_dir = _str(dep, "state_dir", "deployment", err) or "/var/lib/strata"
+    _posix_abs(state_dir, "deployment.state_dir", err)
     python = _str(dep, "python", "deployment", err) or sys.executable
     secrets_text = _str(dep, "secrets", "deployment", err)
     stem = path.stem if path is not None else "inventory"

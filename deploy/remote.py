@@ -194,9 +194,10 @@ class SshTransport(Transport):
             raise RemoteError(f"{self.host_name}: cannot copy {src}: no such file")
         parent = dst.rsplit("/", 1)[0] or "/"
         tmp = f"{dst}.strata-tmp"
-        # the directory first (0700 for fresh ones), then the file under a temporary
-        # name, its mode, and an atomic rename: a reader never sees a partial key
-        self.run(["mkdir", "-p", "-m", "700", "--", parent])
+        # the directory first (a fresh one 0700 for private files), then the file under a
+        # temporary name, its mode, and an atomic rename: a reader never sees a partial key
+        dir_mode = "700" if mode & 0o077 == 0 else "755"
+        self.run(["mkdir", "-p", "-m", dir_mode, "--", parent])
         cmd = ["scp", "-q", *self._opts(), "--", str(src), f"{self.target}:{tmp}"]
         try:
             r = subprocess.run(cmd, capture_output=True, timeout=120)
@@ -275,6 +276,21 @@ def _ours(p: dict) -> bool:
     return state != "Z"
 
 
+def _groups_alive(pgids: list[int]) -> set[int]:
+    """Those of the process groups that still have a running (non-zombie) member."""
+    want, alive = set(pgids), set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) in want:
+            alive.add(int(fields[2]))
+    return alive
+
+
 def _tail(path: str, n: int = 2500) -> str:
     try:
         with open(path, "rb") as f:
@@ -334,6 +350,9 @@ def agent_start(state_dir: str, plan: dict) -> dict:
                 for n in dirs + files:
                     shutil.chown(os.path.join(root, n), user)
             shutil.chown(sd, user)
+            for path in plan.get("chown", []):  # e.g. the users file the master reads
+                if os.path.exists(path):
+                    shutil.chown(path, user)
         _systemctl("daemon-reload")
         units = [p["unit"] for p in procs]
         _systemctl("enable", *units)
@@ -400,15 +419,19 @@ def agent_stop(state_dir: str, timeout: float = 20.0) -> dict:
                 os.killpg(p["pid"], signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
                 pass
+        # wait for the whole process group (a worker's Spark JVM is its child), then SIGKILL
+        groups = [p["pid"] for p in mine]
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(_ours(p) for p in mine):
+        while time.monotonic() < deadline and _groups_alive(groups):
             time.sleep(0.1)
-        for p in mine:
-            if _ours(p):
-                try:
-                    os.killpg(p["pid"], signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        for pgid in _groups_alive(groups):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _groups_alive(groups):
+            time.sleep(0.1)
         n = len(mine)
     for p in procs:
         Path(p["ready"]).unlink(missing_ok=True)

@@ -363,5 +363,5 @@ def test_deploy_status_then_down(topo, deployed):
     assert poll(lambda: all(_gone(pid) for pid in pids), timeout=30)
     assert not (deployed["dir"] / "inventory.deployed.json").exists()
     # nothing left in the host namespaces
-    for host in HOSTS:
-        assert _ip("netns", "pids", topo.ns[host]).stdout.split() == []
+    for host in HOSTS:  # (the Spark JVMs too: down waits for each process group)
+        assert _ip("netns", "pids", topo.ns[host]).stdout.split() == [], host
