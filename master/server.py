@@ -141,6 +141,7 @@ class MasterServicer(rpc.MasterServicer):
         rejected = {k: int(v) for k, v in st["rejected"].items()}
         rejected.update({f"shepherd:{k}": int(v) for k, v in st["dropped_by_shepherd"].items()})
         return pb.StatusReply(level=st["level"], workers=workers, backlog_chunks=st["backlog_chunks"],
+                              ready_chunks=st["ready_chunks"],
                               lag_seconds=st["lag_instants"], rejected=rejected,
                               counters={k: int(v) for k, v in st["counters"].items()}
                               | {"failed_logins": self.sessions.failed_logins})

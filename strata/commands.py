@@ -75,6 +75,8 @@ def cmd_worker(args) -> int:
     from strata.worker.server import serve_worker
 
     cfg = _config(args)
+    from .cpusets import pin_current_process
+    pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only (the JVM inherits them)
     tls_dir = _server_tls(args, cfg, "worker")
     spec = _spec(args, cfg)
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
@@ -88,6 +90,8 @@ def cmd_master(args) -> int:
     from strata.users import UserStore
 
     cfg = _config(args)
+    from .cpusets import pin_current_process
+    pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only
     tls_dir = _server_tls(args, cfg, "master")
     spec = _spec(args, cfg)
     users = UserStore(cfg.users_path, cfg.lattice)

@@ -167,7 +167,11 @@ def parse_config(text: str, path: Path | None = None) -> Config:
         streams[sname] = StreamSchema(sname, tuple(out))
 
     rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams")}
-    return Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest)
+    cfg = Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest)
+    from .cpusets import check_disjoint  # [groups."L"] cpus: disjoint per level (existence is checked when pinning)
+
+    check_disjoint(cfg, check_exist=False)
+    return cfg
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -31,3 +31,13 @@ def spark():
     session = get_session(master=os.environ.get("STRATA_SPARK_MASTER", "local[2]"), app_name="strata-tests")
     yield session
     session.stop()
+
+
+# ---- markers of the elastic scaler's tests (appended; chains any earlier pytest_configure) ----------
+_configure_before_ray = globals().get("pytest_configure")
+
+
+def pytest_configure(config):
+    if _configure_before_ray is not None:
+        _configure_before_ray(config)
+    config.addinivalue_line("markers", "ray: starts a private Ray cluster (the elastic scaler, tests/test_scaler.py)")

@@ -225,10 +225,19 @@ def _pid() -> int:
 
 
 def _cpu_percent() -> float:
-    """This host's CPU load in percent (psutil, non-blocking)."""
+    """The load of the CPUs this process may run on, in percent (psutil, non-blocking).
+
+    With a level pinned to its own CPU set (``[groups."L"] cpus``) another
+    level's load does not show in this reading, so it cannot modulate this
+    level's dispatch decisions (Algorithm 5) either.
+    """
+    import os
+
     import psutil
 
-    return float(psutil.cpu_percent(interval=None))
+    per = psutil.cpu_percent(percpu=True)
+    mine = [per[i] for i in sorted(os.sched_getaffinity(0)) if i < len(per)]
+    return float(sum(mine) / len(mine)) if mine else float(psutil.cpu_percent(interval=None))
 
 
 def _receiver(spec: GroupSpec) -> socket.socket:
@@ -244,6 +253,7 @@ def _receiver(spec: GroupSpec) -> socket.socket:
 
 def _sender(spec: GroupSpec) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+    s.bind((spec.interface, 0))  # never an implicit 0.0.0.0 source
     s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(spec.interface))
     s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, int(spec.ttl))
     s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)

@@ -147,7 +147,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters")
+    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -168,13 +168,15 @@ class StatusReply(_message.Message):
     LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    READY_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     level: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     backlog_chunks: int
     lag_seconds: float
     rejected: _containers.ScalarMap[str, int]
     counters: _containers.ScalarMap[str, int]
-    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    ready_chunks: int
+    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ...) -> None: ...
 
 class QuerySpec(_message.Message):
     __slots__ = ("query_id", "text", "level")

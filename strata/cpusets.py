@@ -1,0 +1,211 @@
+"""Per-level CPU sets: pin each level's processes to its own CPUs.
+
+When level groups share a host, one level's load must not modulate another
+level's latency (a timing channel: the distributed counterpart of the
+dissertation's fixed time-slot scheduler, §5.4).  The configuration gives each
+level a CPU set::
+
+    [groups."U"]
+    cpus = "0"          # a list in Linux's cpuset syntax: "0-1,3", "2,4-7"
+
+    [groups."TS"]
+    cpus = "1"
+
+Every master, worker (and its Spark JVM, which inherits the mask) and scaler
+of level L then runs only on L's CPUs (``os.sched_setaffinity``), and the sets
+of different levels must be disjoint.  A level without ``cpus`` is not pinned;
+pinning only some levels still isolates the pinned ones from each other, not
+from the unpinned ones (``check_disjoint`` does not require all or nothing,
+but ``docs/scaling.md`` recommends pinning every level that shares the host).
+
+Spark's ``local[*]`` uses the JVM's ``availableProcessors()``, which follows
+the affinity mask; a worker started with ``local[N]`` uses N threads on the
+level's CPUs whatever N is.  :func:`pin_current_process` also exports
+``STRATA_CPUS`` (the set, for the log and child processes) and, when unset,
+``OMP_NUM_THREADS`` / ``ARROW_NUM_THREADS`` sized to the set, so native thread
+pools do not oversubscribe it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from strata.config import Config, ConfigError
+
+__all__ = ["CpuSetError", "parse_cpus", "format_cpus", "available_cpus", "level_cpus", "all_level_cpus",
+           "check_disjoint", "pin_current_process", "thread_affinities"]
+
+_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+MAX_CPU = 4095
+
+
+def _cli_error_base():
+    try:
+        from strata.cli import CliError
+
+        return CliError
+    except Exception:  # pragma: no cover - the CLI is always there in this package
+        return Exception
+
+
+class CpuSetError(ConfigError, _cli_error_base()):
+    """A bad ``cpus`` setting; also a ``CliError`` so ``strata worker``/``master`` exit 1 with the message."""
+
+    def __init__(self, message: str):
+        ValueError.__init__(self, message)
+        self.code = 1
+
+
+def parse_cpus(text) -> frozenset[int]:
+    """``"0-1,3"`` → ``{0, 1, 3}``; also accepts an int or a list of ints/strings."""
+    if isinstance(text, bool):
+        raise CpuSetError(f"cpus: expected a CPU list like \"0-1,3\", got {text!r}")
+    if isinstance(text, int):
+        text = str(text)
+    if isinstance(text, (list, tuple)):
+        text = ",".join(str(x) for x in text)
+    if not isinstance(text, str) or not text.strip():
+        raise CpuSetError(f"cpus: expected a non-empty CPU list like \"0-1,3\", got {text!r}")
+    out: set[int] = set()
+    for part in text.split(","):
+        m = _ITEM.match(part)
+        if not m:
+            raise CpuSetError(f"cpus: bad item {part.strip()!r} in {text!r} (expected N or N-M, comma-separated)")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise CpuSetError(f"cpus: bad range {part.strip()!r} in {text!r} (end before start)")
+        if hi > MAX_CPU:
+            raise CpuSetError(f"cpus: CPU {hi} out of range in {text!r}")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+def format_cpus(cpus) -> str:
+    """``{0, 1, 3}`` → ``"0-1,3"``."""
+    xs = sorted(set(cpus))
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def available_cpus() -> frozenset[int]:
+    """The CPUs processes of this host may use, independent of this process's own pinning.
+
+    The cgroup's effective cpuset when there is one (containers), else the
+    online CPUs, else this process's affinity.
+    """
+    for f in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
+        try:
+            text = Path(f).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            try:
+                return parse_cpus(text)
+            except CpuSetError:
+                continue
+    return frozenset(os.sched_getaffinity(0))
+
+
+def _groups(config: Config) -> dict[str, dict]:
+    """``[groups."L"]`` tables by canonical level."""
+    groups = config.sections.get("groups", {}) or {}
+    if not isinstance(groups, dict):
+        raise CpuSetError("[groups] must be a table of per-level tables")
+    out = {}
+    for name, table in groups.items():
+        if not isinstance(table, dict):
+            continue
+        try:
+            level = config.lattice.parse(name)
+        except ValueError as e:
+            raise CpuSetError(f"[groups.\"{name}\"]: {e}") from None
+        out[level] = table
+    return out
+
+
+def all_level_cpus(config: Config, check_exist: bool = True) -> dict[str, frozenset[int]]:
+    """Every level's CPU set from the configuration (levels without ``cpus`` are left out)."""
+    out = {}
+    avail = available_cpus() if check_exist else None
+    for level, table in _groups(config).items():
+        if "cpus" not in table:
+            continue
+        try:
+            cpus = parse_cpus(table["cpus"])
+        except CpuSetError as e:
+            raise CpuSetError(f"[groups.\"{level}\"] {e}") from None
+        if avail is not None and not cpus <= avail:
+            missing = format_cpus(cpus - avail)
+            raise CpuSetError(f"[groups.\"{level}\"] cpus = {table['cpus']!r}: CPU {missing} not available on this "
+                              f"host (available: {format_cpus(avail)})")
+        out[level] = cpus
+    return out
+
+
+def check_disjoint(config: Config, check_exist: bool = True) -> dict[str, frozenset[int]]:
+    """Validate every level's ``cpus``; the sets of different levels must not overlap."""
+    sets = all_level_cpus(config, check_exist)
+    levels = sorted(sets)
+    for i, a in enumerate(levels):
+        for b in levels[i + 1:]:
+            common = sets[a] & sets[b]
+            if common:
+                raise CpuSetError(f"[groups] levels {a} and {b} share CPU {format_cpus(common)} "
+                                  f"(cpus {format_cpus(sets[a])!r} and {format_cpus(sets[b])!r}); the CPU sets of "
+                                  f"different levels must be disjoint")
+    return sets
+
+
+def level_cpus(config: Config, level: str, check: bool = True) -> frozenset[int] | None:
+    """The CPU set of ``level`` (None: not pinned); with ``check`` the whole configuration is validated."""
+    level = config.lattice.parse(level)
+    sets = check_disjoint(config) if check else all_level_cpus(config, check_exist=False)
+    return sets.get(level)
+
+
+def thread_affinities(pid: int | str = "self") -> dict[int, frozenset[int]]:
+    """The affinity of every thread of a process (from /proc)."""
+    out = {}
+    base = Path(f"/proc/{pid}/task")
+    for t in base.iterdir():
+        try:
+            out[int(t.name)] = frozenset(os.sched_getaffinity(int(t.name)))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def pin_current_process(level: str, config: Config) -> frozenset[int] | None:
+    """Pin this process (all its threads, and so every child it starts) to ``level``'s CPUs.
+
+    Returns the set, or None when the level has no ``cpus``.  Raises
+    :class:`CpuSetError` for a bad or overlapping configuration.
+    """
+    cpus = level_cpus(config, level)
+    if cpus is None:
+        return None
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+        except OSError as e:
+            raise CpuSetError(f"cannot pin level {config.lattice.parse(level)} to CPUs {format_cpus(cpus)}: {e}") from None
+    os.sched_setaffinity(0, cpus)
+    os.environ["STRATA_CPUS"] = format_cpus(cpus)
+    for var in ("OMP_NUM_THREADS", "ARROW_NUM_THREADS"):
+        os.environ.setdefault(var, str(len(cpus)))
+    return cpus
