@@ -67,7 +67,11 @@ class QueryPipeline:
         qid = query_id or f"q{next(self._ids)}"
         self.chunker.add_query(qid, cq)
         self.queries[qid] = cq
-        decisions = self.sharing.add(qid, cq)
+        try:
+            decisions = self.sharing.add(qid, cq)
+        except Exception:  # noqa: BLE001 - the analysis never blocks a query (workers re-plan anyway)
+            self.counters["sharing_analysis_errors"] += 1
+            decisions = []
         best = max(decisions, key=lambda d: _STRENGTH[d.kind], default=None)
         if best is not None and best.kind != "none":
             self.counters[f"sharing_{best.kind}"] += 1

@@ -33,7 +33,7 @@ TYPES = ("string", "double", "long", "boolean", "timestamp")
 #: system attributes every stream has: readable in queries, never writable
 SYSTEM_COLUMNS = {"ts": "long", "level": "level"}
 #: top-level sections; sections beyond lattice/time/streams belong to the cluster
-KNOWN_SECTIONS = ("lattice", "time", "streams", "cluster", "groups", "tls", "security")
+KNOWN_SECTIONS = ("lattice", "time", "streams", "cluster", "groups", "tls", "security", "sharing")
 
 
 class ConfigError(ValueError):
@@ -105,6 +105,17 @@ def parse_config(text: str, path: Path | None = None) -> Config:
                 f"(known: {', '.join(KNOWN_SECTIONS)})"
             )
             raise return_err
+
+    sharing = data.get("sharing", {})
+    if not isinstance(sharing, dict):
+        raise err("sharing", None, "must be a table")
+    for k, v in sharing.items():
+        if k == "enabled" and not isinstance(v, bool):
+            raise err("sharing", k, "must be true or false")
+        if k == "mode" and v not in ("replicated", "trusted"):
+            raise err("sharing", k, "must be \"replicated\" or \"trusted\"")
+        if k not in ("enabled", "mode"):
+            raise err("sharing", k, "unknown key (expected 'enabled' or 'mode')")
 
     lat = data.get("lattice")
     if not isinstance(lat, dict):

@@ -75,3 +75,13 @@ def test_example_files_match_the_packaged_examples():
     assert (root / "audit.toml").read_text() == AUDIT_TOML
     parse_config(BATTLEFIELD_TOML)
     parse_config(AUDIT_TOML)
+
+
+def test_sharing_section_is_checked():
+    from strata.config import ConfigError, parse_config
+    from strata.examples import BATTLEFIELD_TOML
+
+    assert parse_config(BATTLEFIELD_TOML + "\n[sharing]\nenabled = false\n").sections["sharing"] == {"enabled": False}
+    for bad, msg in (('enabled = "no"', "true or false"), ('mode = "shared"', "replicated"), ("x = 1", "unknown key")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_config(BATTLEFIELD_TOML + f"\n[sharing]\n{bad}\n")

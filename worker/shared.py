@@ -63,7 +63,7 @@ class SharedExecutor:
         self.engine = engine
         self.config = config if config is not None else engine.config
         self.enabled = sharing_enabled(self.config) if enabled is None else bool(enabled)
-        self._plans: dict[tuple, list[MergedPlan]] = {}
+        self._plans: dict[tuple, tuple[dict, list[MergedPlan]]] = {}
         self._lock = threading.Lock()
         self.counters: Counter = Counter()
 
@@ -71,13 +71,15 @@ class SharedExecutor:
     def plans(self, queries: dict[str, CompiledQuery]) -> list[MergedPlan]:
         key = tuple(sorted((qid, id(cq)) for qid, cq in queries.items()))
         with self._lock:
-            got = self._plans.get(key)
-        if got is None:
-            got = plan_groups(queries, self.config.instant_seconds)
-            with self._lock:
-                if len(self._plans) > 256:
-                    self._plans.clear()
-                self._plans[key] = got
+            hit = self._plans.get(key)
+        # the cache entry keeps the compiled queries alive, so their ids cannot be reused meanwhile
+        if hit is not None and all(hit[0].get(q) is cq for q, cq in queries.items()):
+            return hit[1]
+        got = plan_groups(queries, self.config.instant_seconds)
+        with self._lock:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            self._plans[key] = (dict(queries), got)
         return got
 
     # -- evaluation -----------------------------------------------------------------------
@@ -87,7 +89,11 @@ class SharedExecutor:
         results: dict[str, ChunkResult] = {}
         if self.enabled and len(chunks) > 1:
             present = {qid: compiled[qid] for qid in by_id}
-            plans = self.plans(present)
+            try:
+                plans = self.plans(present)
+            except Exception:  # noqa: BLE001 - never worse than not sharing
+                self.counters["planning_errors"] += 1
+                plans = []
             done: set[str] = set()
             # merged plans first (a complete group takes part through its first member), then
             # complete groups: their first member's result, computed alone or merged, is copied

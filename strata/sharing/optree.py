@@ -113,7 +113,11 @@ def describe(n: Node, lattice=None) -> str:
 # ---------------------------------------------------------------------------
 # canonical expressions
 
-_FLIP = {">": "<", ">=": "<="}
+_FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
+
+
+def _is_const(e) -> bool:
+    return isinstance(e, (A.Literal, A.LevelLiteral))
 
 
 def _key(e) -> str:
@@ -139,9 +143,12 @@ def canonical_expr(e: A.Expr, names: dict[str, int]) -> A.Expr:
         l, r = c(e.left), c(e.right)
         op = e.op
         if op in _FLIP:
-            op, l, r = _FLIP[op], r, l
-        if op in ("=", "!=", "AND", "OR", "+", "*") and _key(r) < _key(l):
-            l, r = r, l
+            lit_l, lit_r = _is_const(l), _is_const(r)
+            if (lit_l and not lit_r) or (lit_l == lit_r and _key(r) < _key(l)):
+                op, l, r = _FLIP[op], r, l  # constants on the right, else a fixed order
+        elif op in ("=", "!=", "AND", "OR", "+", "*"):
+            if (_is_const(l) and not _is_const(r)) or (_is_const(l) == _is_const(r) and _key(r) < _key(l)):
+                l, r = r, l
         return A.Binary(op, l, r)
     if isinstance(e, A.InList):
         items = tuple(c(i) for i in e.items)

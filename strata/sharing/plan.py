@@ -52,8 +52,6 @@ __all__ = ["SharedPlan", "Decision", "Placement", "classify", "subsumed_by", "KI
 KINDS = ("complete", "loose_partial", "strict_partial", "none")
 STRENGTH = {"complete": 3, "loose_partial": 2, "strict_partial": 1, "none": 0}
 
-_LEVEL = A.Column("$0", "level")
-
 
 def _level_cond(item: int, levels: frozenset[str], lattice=None) -> A.Expr:
     col = A.Column(f"${item}", "level")
