@@ -51,35 +51,56 @@ def _log(msg: str) -> None:
 class BenchCluster:
     """One level group (master + ``workers`` workers) of ``config_text`` in a temp dir."""
 
-    def __init__(self, config_text: str, level: str, workers: int, chunk_seconds: float = 1.0,
-                 clearance: str | None = None, spark_master: str = "local[1]", tls: bool = True):
+    def __init__(self, config_text: str, level, workers: int, chunk_seconds: float = 1.0,
+                 clearance: str | None = None, spark_master: str = "local[1]", tls: bool = True,
+                 cpu_reading: str = "host"):
         self.dir = Path(tempfile.mkdtemp(prefix="strata-bench-"))
         self.config_path = self.dir / "strata.toml"
         self.config_path.write_text(config_text)
         self.cfg = load_config(self.config_path)
-        self.level = self.cfg.lattice.parse(level)
+        levels = [level] if isinstance(level, str) else list(level)
+        self.levels = [self.cfg.lattice.parse(lv) for lv in levels]
+        self.level = self.levels[0]
         top = clearance or self.cfg.lattice.top
         UserStore(self.cfg.users_path, self.cfg.lattice).add(USER, top, PASSWORD, replace=True)
         self.state = self.dir / "state"
         t0 = time.monotonic()
         kw = {"tls": tls} if "tls" in inspect.signature(start_cluster).parameters else {}
-        out = start_cluster(str(self.config_path), [self.level], workers, self.state, chunk_seconds,
+        if cpu_reading == "dedicated":
+            # Algorithm 5 reads each worker's host CPU; here all share one host, so emulate one
+            # host per worker with an injected idle reading (the in-flight limit still applies)
+            kw["worker_env"] = {i: {"STRATA_CPU_OVERRIDE": "0"} for i in range(workers)}
+        elif cpu_reading != "host":
+            raise ValueError("cpu_reading must be 'host' or 'dedicated'")
+        self.cpu_reading = cpu_reading
+        out = start_cluster(str(self.config_path), self.levels, workers, self.state, chunk_seconds,
                             spark_master=spark_master, **kw)
-        self.address = out["masters"][self.level]
+        self.addresses = dict(out["masters"])
+        self.address = self.addresses[self.level]
         self.tls_dir = out.get("tls_dir")
         self.record = json.loads((self.state / "cluster.json").read_text())
         self.workers = workers
         self.chunk_seconds = chunk_seconds
         self.start_seconds = time.monotonic() - t0
-        _log(f"cluster {self.level} x{workers} up in {self.start_seconds:.1f} s at {self.address}")
-        self.wait_workers(workers)
+        _log(f"cluster {','.join(self.levels)} x{workers} up in {self.start_seconds:.1f} s")
+        for lv in self.levels:
+            self.use(lv)
+            self.wait_workers(workers)
+        self.use(self.levels[0])
+
+    def use(self, level: str) -> "BenchCluster":
+        """Make ``level``'s master the one :meth:`client`, :meth:`new_master` and :meth:`drop_worker` act on."""
+        self.level = self.cfg.lattice.parse(level)
+        self.address = self.addresses[self.level]
+        return self
 
     # -- processes ------------------------------------------------------------------------
     def _procs(self, role: str) -> list[dict]:
-        return [p for p in self.record["processes"] if p["role"] == role]
+        return [p for p in self.record["processes"] if p["role"] == role and p["level"] == self.level]
 
     def pids(self) -> dict[str, int]:
-        return {p["name"]: p["pid"] for p in self.record["processes"] if _alive(p["pid"])}
+        """Live processes of the current level's group."""
+        return {p["name"]: p["pid"] for p in self.record["processes"] if p["level"] == self.level and _alive(p["pid"])}
 
     def client(self) -> Client:
         if self.tls_dir:
@@ -106,6 +127,11 @@ class BenchCluster:
             self.chunk_seconds = chunk_seconds
         ready = Path(m["ready"])
         ready.unlink(missing_ok=True)
+        # a master restores its timeline from the state dir (persistence); every run needs a fresh one
+        from strata.groups import level_slug
+
+        for f in self.state.glob(f"master-{level_slug(self.level)}.sqlite*"):
+            f.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "strata", "master", "--config", str(self.config_path.resolve()), "--level",
                self.level, "--listen", "127.0.0.1:0", "--state-dir", str(self.state.resolve()), "--multicast-port",
                str(self.record["multicast_port"]), "--ready-file", str(ready), "--chunk-seconds",
@@ -124,6 +150,7 @@ class BenchCluster:
                                    (self.state / "logs" / f"{m['name']}.log").read_text(errors="replace")[-1500:])
             time.sleep(0.05)
         self.address = json.loads(ready.read_text())["address"]
+        self.addresses[self.level] = self.address
         (self.state / "cluster.json").write_text(json.dumps(self.record, indent=2))
         self.wait_workers(self.workers)
 
@@ -156,6 +183,7 @@ class BenchCluster:
 @dataclass
 class RunResult:
     tuples: int  # accepted by the master
+    sent: int  # offered (before the shepherd)
     seconds: float  # first ingest -> last result
     ingest_seconds: float  # first ingest -> finish sent
     latencies: np.ndarray  # per instant, seconds
@@ -247,6 +275,6 @@ def replay(cluster: BenchCluster, query: str, data: dict[str, pa.Table], instant
     rows = pa.concat_tables(tables) if tables else None
     st = c.status()
     c.close()
-    return RunResult(tuples=accepted, seconds=end - t0, ingest_seconds=t_in, latencies=np.array(lat), rows=rows,
+    return RunResult(tuples=accepted, sent=sent, seconds=end - t0, ingest_seconds=t_in, latencies=np.array(lat), rows=rows,
                      instants=len(all_ts), chunks=int(st.counters.get("chunks", 0)),
                      extra={"redispatched": int(st.counters.get("redispatched", 0))})

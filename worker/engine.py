@@ -103,10 +103,19 @@ class _Partial:
 class Engine:
     """Evaluates query chunks on a SparkSession.  Stateless between calls; cheap to create."""
 
-    def __init__(self, spark, config: Config, membership: str = "arrow"):
+    #: Spark input rows (all tables of a chunk, after pruning) up to which a chunk runs in the
+    #: interpreted session (see :meth:`session_for`)
+    SMALL_ROWS = 20_000
+    #: SQL settings of that session: no whole-stage code generation, interpreted expressions
+    INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+    def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None):
         if membership not in ("arrow", "spark"):
             raise ValueError("membership must be 'arrow' or 'spark'")
         self.spark = spark
+        #: chunks feeding Spark at most this many rows run without code generation (0: never)
+        self.small_rows = self.SMALL_ROWS if small_rows is None else int(small_rows)
+        self._interpreted = None
         self.config = config
         #: where window intervals are computed: "arrow" (NumPy on the chunk, pruning tuples
         #: in no window before Spark sees them) or "spark" (lead() window functions in Spark)
@@ -135,6 +144,24 @@ class Engine:
         return ChunkResult(chunk.query_id, chunk.chunk_id, rows, stats=stats)
 
     result_schema = staticmethod(result_schema)
+
+    def session_for(self, rows: int):
+        """The session a chunk feeding ``rows`` rows to Spark runs in.
+
+        Compiling Java for every stage (whole-stage codegen; the instants are literals,
+        so each chunk's code is new) costs more than it saves on the few hundred rows a
+        pruned ROWS-window chunk holds: interpreted execution was 1.5-2x faster for such
+        chunks (bench/NOTES.md).  Small chunks therefore run in a second session of the
+        same SparkContext with code generation off; larger ones in the main session.
+        """
+        if rows > self.small_rows:
+            return self.spark
+        if self._interpreted is None:
+            sess = self.spark.newSession()
+            for k, v in self.INTERPRETED_CONF.items():
+                sess.conf.set(k, v)
+            self._interpreted = sess
+        return self._interpreted
 
     def masks_of(self, levels) -> pa.Array:
         """Level bitmasks (int64) of an Arrow array of canonical level strings."""
@@ -173,7 +200,7 @@ class _Run:
         self.index = {it.name: i for i, it in enumerate(cq.items)}
         self.index_ci = {it.name.lower(): i for i, it in enumerate(cq.items)}
         self.compiler = SqlCompiler(self.lattice, self._resolve)
-        self.frames: dict[str, object] = {}  # placeholder → DataFrame
+        self.frames: dict[str, pa.Table] = {}  # placeholder → Arrow table (a DataFrame in _sql)
         self.ctes: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------- resolution
@@ -255,7 +282,7 @@ class _Run:
         return self._frame(f"i{i}", pa.Table.from_arrays(arrays, names=names)), [ident(n) for n in names]
 
     def _frame(self, key: str, table: pa.Table) -> str:
-        self.frames[key] = self.spark.createDataFrame(table)
+        self.frames[key] = table
         return f"\x00{key}\x00"
 
     def _cte(self, name: str, sql: str) -> str:
@@ -270,7 +297,10 @@ class _Run:
         text = text.replace("{", "{{").replace("}", "}}")
         for key in self.frames:
             text = text.replace(f"\x00{key}\x00", "{" + key + "}")
-        return self.spark.sql(text, **self.frames)
+        session = self.e.session_for(sum(t.num_rows for t in self.frames.values()))
+        self.codegen = session is self.spark
+        frames = {k: session.createDataFrame(t) for k, t in self.frames.items()}
+        return session.sql(text, **frames)
 
     # ------------------------------------------------------------------- main
     def execute(self) -> tuple[pa.Table, pa.Table | None]:

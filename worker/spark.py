@@ -63,6 +63,11 @@ def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf:
     settings = dict(DEFAULT_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
+        # one shuffle partition per local core: a chunk-sized job split further only adds tasks
+        cores = master[len("local["):-1] if master.startswith("local[") else "1"
+        if cores.isdigit():
+            settings["spark.sql.shuffle.partitions"] = cores
+            settings["spark.default.parallelism"] = cores
         # Spark's own host lookup (block manager, shuffle) would otherwise pick the
         # first non-loopback interface; a local session stays on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -1,0 +1,245 @@
+"""docs/benchmarks/README.md and PNG plots from results.json (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+NOTES = Path(__file__).with_name("NOTES.md")
+
+
+def _fmt(x, d=0):
+    if x is None:
+        return "—"
+    return f"{x:,.{d}f}"
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs) if xs else None
+
+
+def _pairs(runs, key=("workload", "workers", "chunk_instants")):
+    """(key) -> {"mls": [runs], "van": [runs]}"""
+    out: dict = defaultdict(lambda: {"mls": [], "van": []})
+    for r in runs:
+        out[tuple(r[k] for k in key)]["van" if r["vanilla"] else "mls"].append(r)
+    return out
+
+
+def _overhead(mls, van):
+    """MLS overhead in % of wall time (positive: MLS slower)."""
+    m, v = _mean([r["seconds"] for r in mls]), _mean([r["seconds"] for r in van])
+    if not m or not v:
+        return None
+    return 100.0 * (m - v) / v
+
+
+def _plots(res: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    bf = res.get("bf")
+    if bf:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        pairs = _pairs(bf["runs"])
+        for q in bf["queries"]:
+            for kind, style in (("mls", "-o"), ("van", "--x")):
+                pts = sorted((k[1], _mean([r["throughput"] for r in v[kind]])) for k, v in pairs.items() if k[0] == q)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{q} ({'MLS' if kind == 'mls' else 'vanilla'})")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("tuples/s (end to end)")
+        ax.set_title("Battlefield: throughput vs workers")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput_workers.png", dpi=110)
+        plt.close(fig)
+        files.append("throughput_workers.png")
+    ch = res.get("chunks")
+    if ch:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        pts = sorted((r["chunk_instants"], r["throughput"]) for r in ch["runs"])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("instants per chunk (chunk length)")
+        ax.set_ylabel("tuples/s (end to end)")
+        ax.set_title("AVG(bp) [ROWS 100], 2 workers: throughput vs chunk length")
+        ax.grid(alpha=.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput_chunk.png", dpi=110)
+        plt.close(fig)
+        files.append("throughput_chunk.png")
+    cw = res.get("cw")
+    if cw:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        pairs = _pairs(cw["runs"], key=("workload",))
+        names = list(cw["experiments"])
+        m = [_mean([r["seconds"] for r in pairs[(e,)]["mls"]]) or 0 for e in names]
+        v = [_mean([r["seconds"] for r in pairs[(e,)]["van"]]) or 0 for e in names]
+        x = range(len(names))
+        ax.bar([i - .2 for i in x], m, .4, label="CW-DSMS (Strata)")
+        ax.bar([i + .2 for i in x], v, .4, label="vanilla")
+        ax.set_xticks(list(x), names)
+        ax.set_ylabel("wall seconds (first ingest → last result)")
+        ax.set_title("Chinese Wall experiments 1-6")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "chinese_wall.png", dpi=110)
+        plt.close(fig)
+        files.append("chinese_wall.png")
+    pe = res.get("peers")
+    if pe:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        items = [("Strata ROWS 100", pe.get("strata_rows100", {}).get("throughput")),
+                 ("DuckDB ROWS 100", pe.get("duckdb_rows100", {}).get("throughput")),
+                 ("Strata RANGE 1", pe.get("strata_range", {}).get("throughput")),
+                 ("Spark SS window 1 s", pe.get("sss_range", {}).get("throughput")),
+                 ("DuckDB per-instant", pe.get("duckdb_range", {}).get("throughput"))]
+        items = [(a, b) for a, b in items if b]
+        ax.barh([a for a, _ in items], [b for _, b in items])
+        ax.set_xscale("log")
+        ax.set_xlabel("tuples/s (log)")
+        ax.set_title("Peers on the same data")
+        fig.tight_layout()
+        fig.savefig(out / "peers.png", dpi=110)
+        plt.close(fig)
+        files.append("peers.png")
+    lat = res.get("latency")
+    if lat:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in lat["runs"]:
+            ax.bar(f"K={r['chunk_instants']} p50", r["p50"])
+            ax.bar(f"K={r['chunk_instants']} p99", r["p99"])
+        ax.set_ylabel("seconds after the instant closed")
+        ax.set_title(f"Per-instant latency at {lat['rate']:,} tuples/s")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=110)
+        plt.close(fig)
+        files.append("latency.png")
+    return files
+
+
+def _when(sec: dict) -> str:
+    return f" ({sec.get('mode', '?')} mode, {sec.get('date', '?')})" if sec.get("date") else ""
+
+
+def write_report(res: dict, out: Path) -> None:
+    meta = res.get("meta", {})
+    mach = meta.get("machine", {})
+    L = ["# Benchmarks", ""]
+    L += [f"Generated by `bench/run.py`; last invocation `{meta.get('command', '?')}` "
+          f"({meta.get('mode', '?')} mode) on {meta.get('date', '?')}, {meta.get('seconds', '?')} s; each section "
+          f"names the mode and time of its own run. Mutual TLS {'on' if meta.get('tls') else 'off'}; "
+          f"Algorithm 5 load reading `{meta.get('cpu_reading', 'host')}` (see *Algorithm 5 on one shared host*).", ""]
+    L += [f"Machine: {mach.get('cpus')} CPUs ({mach.get('cpu')}), {mach.get('mem_gb')} GB, {mach.get('os')}, "
+          f"Python {mach.get('python')}, PySpark {mach.get('pyspark')}, {mach.get('java')}. "
+          f"1-minute load average at the start: {meta.get('load_start')} (the `load` column gives it per run: "
+          "the machine was shared with other jobs, so absolute numbers are pessimistic and noisy).", ""]
+    if res.get("failures"):
+        L += ["**FAILED sections:** " + "; ".join(f"`{k}`: {v[:300]}" for k, v in res["failures"].items()), ""]
+    files = _plots(res, out)
+    bf = res.get("bf")
+    if bf:
+        L += ["## Battlefield workload (§9.2): throughput, latency, MLS overhead" + _when(bf), ""]
+        L += [f"{bf['tuples']:,} tuples per stream read, {bf['per_instant']:,} tuples per instant, 4 levels "
+              f"(1/4 each), queries at TS (all tuples visible, as the dissertation's \"highest level\"), "
+              f"{bf['chunk_instants']} instants per chunk. Queries:", ""]
+        L += [f"- `{q}`: `{t}`" for q, t in bf["queries"].items()] + [""]
+        L += ["| query | workers | MLS tuples/s | vanilla tuples/s | MLS overhead | MLS p50 s | MLS p99 s | runs | load |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for (q, w, k), v in sorted(_pairs(bf["runs"]).items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+            ov = _overhead(v["mls"], v["van"])
+            L.append(f"| {q} | {w} | {_fmt(_mean([r['throughput'] for r in v['mls']]))} | "
+                     f"{_fmt(_mean([r['throughput'] for r in v['van']]))} | "
+                     f"{'—' if ov is None else f'{ov:+.1f} %'} | {_fmt(_mean([r['p50'] for r in v['mls']]), 2)} | "
+                     f"{_fmt(_mean([r['p99'] for r in v['mls']]), 2)} | {len(v['mls'])}+{len(v['van'])} | "
+                     f"{_fmt(_mean([r['load'] for r in v['mls']]), 1)} |")
+        L += ["", "Throughput = tuples accepted / (last result arrival − first ingest). Latency here is for "
+              "replay as fast as possible (instants arrive faster than real time, so it measures queueing); "
+              "see the paced run below. Overhead = (MLS wall − vanilla wall) / vanilla wall, runs interleaved.", ""]
+        if "throughput_workers.png" in files:
+            L += ["![throughput vs workers](throughput_workers.png)", ""]
+        L += ["Correctness: " + "; ".join(bf["checks"]) + ".", ""]
+    lat = res.get("latency")
+    if lat:
+        L += [f"## Latency at {lat['rate']:,} tuples/s (paced input)" + _when(lat), "",
+              f"`{lat['query']}`, 2 workers, one instant = 1 s = {lat['rate']:,} tuples; latency of instant τ = "
+              "arrival of its result − the moment the Advance closing τ was sent (includes waiting for the rest "
+              "of τ's chunk).", "",
+              "| instants/chunk (chunk period s) | p50 s | p99 s | p99 / chunk period | tuples/s | load |",
+              "|---:|---:|---:|---:|---:|---:|"]
+        for r in lat["runs"]:
+            L.append(f"| {r['chunk_instants']} | {r['p50']:.3f} | {r['p99']:.3f} | "
+                     f"{r['p99'] / r['chunk_instants']:.2f} | {_fmt(r['throughput'])} | {r['load']} |")
+        L += [""] + (["![latency](latency.png)", ""] if "latency.png" in files else [])
+        L += ["Correctness: " + "; ".join(lat["checks"]) + ".", ""]
+    ch = res.get("chunks")
+    if ch:
+        L += ["## Scaling with chunk length" + _when(ch), "", f"`{ch['query']}`, 2 workers, {ch['per_instant']:,} tuples/instant.", "",
+              "| instants/chunk | tuples | seconds | tuples/s | chunks | load |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in sorted(ch["runs"], key=lambda r: r["chunk_instants"]):
+            L.append(f"| {r['chunk_instants']} | {r['tuples']:,} | {r['seconds']:.2f} | {_fmt(r['throughput'])} | "
+                     f"{r['chunks']} | {r['load']} |")
+        L += [""] + (["![throughput vs chunk length](throughput_chunk.png)", ""] if "throughput_chunk.png" in files else [])
+        L += ["Correctness: " + "; ".join(ch["checks"]) + ".", ""]
+    a5 = res.get("alg5")
+    if a5:
+        L += ["## Algorithm 5 on one shared host" + _when(a5), "",
+              f"`{a5['query']}`, 2 workers. `host`: each worker reports the host's CPU (psutil, as deployed); "
+              "`dedicated`: an injected 0 % reading, as if each worker had its own host. With `host`, every "
+              "worker reads ≥ 90 % while the cluster works (the master, the client and the other worker share "
+              "the 2 cores), so the master holds each chunk until its 1 s starvation fallback.", "",
+              "| CPU reading | instants/chunk | tuples/s | p50 s | p99 s | load |", "|---|---:|---:|---:|---:|---:|"]
+        for r in a5["runs"]:
+            L.append(f"| {r['cpu_reading']} | {r['chunk_instants']} | {_fmt(r['throughput'])} | {r['p50']:.2f} | "
+                     f"{r['p99']:.2f} | {r['load']} |")
+        L += ["", "Correctness: " + "; ".join(a5["checks"]) + ".", ""]
+    cw = res.get("cw")
+    if cw:
+        L += ["## Chinese Wall experiments 1-6 (§9.5)" + _when(cw), "",
+              "One worker per level group; vanilla = one-level lattice, the original label as an ordinary "
+              "attribute `lbl` that experiments 3-4 filter on (as the dissertation's vanilla queries do).", "",
+              "| exp | level | input tuples | tuples/instant | CW input tuples/s | vanilla input tuples/s | overhead | dissertation | notes |",
+              "|---|---|---:|---:|---:|---:|---:|---|---|"]
+        diss = {"cw1": "0.003-0.025 %", "cw2": "0.002-0.017 %", "cw3": "0.005-0.027 %", "cw4": "0.003-0.023 %",
+                "cw5": "0.011-0.030 %", "cw6": "0.081-0.218 %"}
+        pairs = _pairs(cw["runs"], key=("workload",))
+        for e, info in cw["experiments"].items():
+            v = pairs[(e,)]
+            ov = _overhead(v["mls"], v["van"])
+            L.append(f"| {e} | {info['level']} | {info['tuples']:,} | {info['per_instant']:,} | "
+                     f"{_fmt(_mean([r.get('offered_throughput', r['throughput']) for r in v['mls']]))} | "
+                     f"{_fmt(_mean([r.get('offered_throughput', r['throughput']) for r in v['van']]))} | "
+                     f"{'—' if ov is None else f'{ov:+.1f} %'} | {diss[e]} | {info['notes']} |")
+        L += ["", "Queries: " + "; ".join(f"{e}: `{i['query']}`" for e, i in cw["experiments"].items()), ""]
+        L += [""] + (["![Chinese Wall](chinese_wall.png)", ""] if "chinese_wall.png" in files else [])
+        L += ["Correctness: " + "; ".join(cw["checks"]) + ".", ""]
+    pe = res.get("peers")
+    if pe:
+        s_rows = pe.get("strata_rows100", {}).get("throughput")
+        s_rng = pe.get("strata_range", {}).get("throughput")
+        L += ["## Peers on the same machine and data" + _when(pe), "",
+              f"{pe['tuples']:,} Vitals tuples, {pe['per_instant']:,} per instant, 2 Strata workers.", "",
+              "| system | query | tuples/s | Strata / peer |", "|---|---|---:|---:|"]
+        rows = [("Strata (cluster)", "AVG(bp) [ROWS 100]", s_rows, None),
+                ("DuckDB (1 process, in memory)", "AVG(bp) [ROWS 100] (window SQL)",
+                 pe.get("duckdb_rows100", {}).get("throughput"), s_rows),
+                ("Strata (cluster)", "AVG(bp) [RANGE 1 SECONDS]", s_rng, None),
+                ("Spark Structured Streaming", "avg over window(ts, 1 s), chunk-sized micro-batches",
+                 pe.get("sss_range", {}).get("throughput"), s_rng),
+                ("DuckDB (1 process, in memory)", "AVG(bp) GROUP BY ts", pe.get("duckdb_range", {}).get("throughput"), s_rng)]
+        for name, q, tp, ref in rows:
+            ratio = f"{ref / tp:.3f}" if ref and tp else ""
+            L.append(f"| {name} | {q} | {_fmt(tp)} | {ratio} |")
+        L += ["", f"Structured Streaming on a ROWS window: `{pe.get('sss_rows_rejected', '?')}`", ""]
+        L += [""] + (["![peers](peers.png)", ""] if "peers.png" in files else [])
+        L += ["Correctness: " + "; ".join(pe["checks"]) + ".", ""]
+    if NOTES.exists():
+        L += [NOTES.read_text()]
+    (out / "README.md").write_text("\n".join(L) + "\n", encoding="utf-8")

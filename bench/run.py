@@ -1,0 +1,313 @@
+"""The benchmark harness: one command, results in ``docs/benchmarks/``.
+
+    .venv/bin/python -m bench.run --quick            # every section, small data (~10-15 min here)
+    .venv/bin/python -m bench.run                    # full sizes (see docs/benchmarks/README.md)
+    .venv/bin/python -m bench.run --only bf peers    # some sections; others keep their last results
+
+Sections (dissertation ch. 9; facts in bench/workloads.py):
+
+* ``bf``       battlefield §9.2/§9.3.2: select, AVG GROUP BY, AVG, ROWS-100 join at TS
+               through a real cluster (master + N Spark workers as processes), for
+               each worker count, MLS and vanilla interleaved in the same run
+* ``latency``  per-instant result latency with input paced at 50 k tuples/s
+* ``chunks``   throughput of the target query vs chunk length (instants per chunk)
+* ``cw``       Chinese Wall experiments 1-6 of §9.5, MLS vs vanilla
+* ``peers``    Spark Structured Streaming (time-window AVG) and single-process DuckDB
+* ``micro``    the engine micro-benchmark (bench/engine_micro.py), not in the default set
+
+Every run's output is compared with the reference evaluator on sampled instants
+(and the target query's whole output with DuckDB); a mismatch stops the harness
+with exit status 1.  Results go to ``docs/benchmarks/results.json``; the README
+and plots are regenerated from it (``--report-only`` redoes just that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import workloads as W  # noqa: E402
+from bench.check import BenchCheckFailed, check_sample, compare_avg, duckdb_avg_rows  # noqa: E402
+from bench.e2e import BenchCluster, replay, _log  # noqa: E402
+
+OUT = ROOT / "docs" / "benchmarks"
+SECTIONS = ["bf", "latency", "chunks", "alg5", "cw", "peers"]
+
+QUICK = dict(bf_tuples=400_000, bf_per_instant=50_000, bf_workers=[2, 1], bf_queries=list(W.BF_QUERIES), reps=1,
+             chunk=4, lat_tuples=400_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8], chunk_tuples=800_000,
+             cw_tuples=200_000, cw6_tuples=50_000, peer_tuples=400_000, sample=2)
+FULL = dict(bf_tuples=1_000_000, bf_per_instant=50_000, bf_workers=[3, 2, 1], bf_queries=list(W.BF_QUERIES), reps=3,
+            chunk=4, lat_tuples=1_500_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8, 16], chunk_tuples=2_000_000,
+            cw_tuples=2_000_000, cw6_tuples=250_000, peer_tuples=2_000_000, sample=3)
+
+
+def machine() -> dict:
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    except OSError:
+        cpu = "?"
+    try:
+        import pyspark
+        spark = pyspark.__version__
+    except Exception:  # noqa: BLE001
+        spark = "?"
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[:1]
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "pyspark": spark,
+            "java": java[0] if java else "?", "os": platform.platform(),
+            "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+
+
+def loadavg() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
+def _run(cluster: BenchCluster, w: W.Workload, vanilla: bool, chunk: int, args, checks: list, rate=None,
+         check: bool = True) -> dict:
+    query = w.vanilla_query if vanilla else w.query
+    data = w.vanilla_data if vanilla else w.data
+    cfg = w.vanilla_config if vanilla else w.config
+    level = w.vanilla_level if vanilla else w.level
+    cluster.new_master(chunk_seconds=chunk)
+    la = loadavg()
+    r = replay(cluster, query, data, instants_per_call=1, rate=rate)
+    rec = {"workload": w.name, "vanilla": vanilla, "workers": cluster.workers, "chunk_instants": chunk,
+           "tuples": r.tuples, "sent": r.sent, "offered_throughput": round(r.sent / r.seconds),
+           "cpu_reading": cluster.cpu_reading, "seconds": round(r.seconds, 3), "throughput": round(r.throughput),
+           "ingest_seconds": round(r.ingest_seconds, 3), "p50": round(r.pct(50), 3), "p99": round(r.pct(99), 3), "instants": r.instants, "chunks": r.chunks,
+           "out_rows": 0 if r.rows is None else r.rows.num_rows, "rate": rate, "load": la,
+           "redispatched": r.extra.get("redispatched", 0)}
+    _log(f"{w.name:10s} {'vanilla' if vanilla else 'MLS':7s} w={cluster.workers} K={chunk} "
+         f"{r.tuples:,} tuples {r.seconds:.2f} s {r.throughput:,.0f}/s p50 {r.pct(50):.2f} p99 {r.pct(99):.2f} "
+         f"rows {rec['out_rows']} load {la}")
+    if check:
+        taus = check_sample(cfg, level, query, data, r.rows, k=args.p["sample"])
+        checks.append(f"{w.name} {'vanilla' if vanilla else 'MLS'} w={cluster.workers} K={chunk}: "
+                      f"reference agrees at instants {taus}")
+        if w.name == "avg" and not vanilla:
+            exp, _ = duckdb_avg_rows(data["Vitals"], "bp", 100, W.BF_LEVELS, W.BF_LEVELS)
+            compare_avg(r.rows, exp)
+            checks[-1] += f"; DuckDB agrees on all {exp.num_rows} instants"
+    return rec
+
+
+def _warm(cluster: BenchCluster, w: W.Workload, vanilla: bool, chunk: int, args) -> None:
+    """One unmeasured run (the dissertation discards its first runs): JIT, first compiles, caches."""
+    _run(cluster, w, vanilla, chunk, args, [], check=False)
+
+
+# ---- sections ---------------------------------------------------------------------------------
+def sec_bf(args, res: dict) -> None:
+    p = args.p
+    wls = {q: W.battlefield(q, p["bf_tuples"], p["bf_per_instant"]) for q in p["bf_queries"]}
+    any_w = next(iter(wls.values()))
+    n = max(p["bf_workers"])
+    mls = BenchCluster(any_w.config, any_w.level, n, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    van = BenchCluster(any_w.vanilla_config, any_w.vanilla_level, n, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    runs, checks = [], []
+    try:
+        _warm(mls, any_w, False, p["chunk"], args)
+        _warm(van, any_w, True, p["chunk"], args)
+        for workers in sorted(p["bf_workers"], reverse=True):
+            while mls.workers > workers:
+                mls.drop_worker()
+                van.drop_worker()
+            for q, w in wls.items():
+                for rep in range(p["reps"]):
+                    for vanilla in (False, True) if rep % 2 == 0 else (True, False):
+                        rec = _run(van if vanilla else mls, w, vanilla, p["chunk"], args, checks, check=rep == 0)
+                        rec["rep"] = rep
+                        runs.append(rec)
+    finally:
+        mls.stop()
+        van.stop()
+    res["bf"] = {"runs": runs, "checks": checks, "tuples": p["bf_tuples"], "per_instant": p["bf_per_instant"],
+                 "chunk_instants": p["chunk"], "queries": {q: W.BF_QUERIES[q] for q in p["bf_queries"]}}
+
+
+def sec_latency(args, res: dict) -> None:
+    p = args.p
+    w = W.battlefield("avg", p["lat_tuples"], p["lat_rate"])
+    mls = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    runs, checks = [], []
+    try:
+        _warm(mls, w, False, 4, args)
+        for chunk in p["lat_chunks"]:
+            rec = _run(mls, w, False, chunk, args, checks, rate=p["lat_rate"])
+            runs.append(rec)
+    finally:
+        mls.stop()
+    res["latency"] = {"runs": runs, "checks": checks, "rate": p["lat_rate"], "query": w.query}
+
+
+def sec_chunks(args, res: dict) -> None:
+    p = args.p
+    w = W.battlefield("avg", p["chunk_tuples"], p["bf_per_instant"])
+    mls = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    runs, checks = [], []
+    try:
+        _warm(mls, w, False, 4, args)
+        for k in p["chunk_lengths"]:
+            runs.append(_run(mls, w, False, k, args, checks))
+    finally:
+        mls.stop()
+    res["chunks"] = {"runs": runs, "checks": checks, "query": w.query, "per_instant": p["bf_per_instant"]}
+
+
+def sec_alg5(args, res: dict) -> None:
+    """The target query with Algorithm 5 reading the shared host's CPU vs one (emulated) host per worker."""
+    p = args.p
+    w = W.battlefield("avg", p["chunk_tuples"], p["bf_per_instant"])
+    runs, checks = [], []
+    for reading in ("host", "dedicated"):
+        cl = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=reading)
+        try:
+            _warm(cl, w, False, 4, args)
+            for k in (1, 4):
+                runs.append(_run(cl, w, False, k, args, checks))
+        finally:
+            cl.stop()
+    res["alg5"] = {"runs": runs, "checks": checks, "query": w.query}
+
+
+def sec_cw(args, res: dict) -> None:
+    p = args.p
+    exps = list(W.CW_EXPERIMENTS)
+    wls = {e: W.chinese_wall(e, p["cw6_tuples"] if e == "cw6" else p["cw_tuples"],
+                             2_500 if e == "cw6" else 50_000) for e in exps}
+    levels = sorted({w.level for w in wls.values()})
+    mls = BenchCluster(W.AUDIT_TOML, levels, 1, clearance="[T,T]", tls=not args.insecure, cpu_reading=args.cpu_reading)
+    van = BenchCluster(W.VANILLA_CW_TOML, "P", 1, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    runs, checks = [], []
+    try:
+        _warm(van, wls["cw2"], True, p["chunk"], args)
+        for e, w in wls.items():
+            mls.use(w.level)
+            if e in ("cw1", "cw3", "cw4", "cw5"):  # first use of each level's group
+                _warm(mls, w, False, p["chunk"], args)
+            for rep in range(p["reps"]):
+                for vanilla in (False, True) if rep % 2 == 0 else (True, False):
+                    rec = _run(van if vanilla else mls, w, vanilla, p["chunk"], args, checks, check=rep == 0)
+                    rec["rep"] = rep
+                    rec["level"] = w.vanilla_level if vanilla else w.level
+                    runs.append(rec)
+    finally:
+        mls.stop()
+        van.stop()
+    res["cw"] = {"runs": runs, "checks": checks,
+                 "experiments": {e: {"query": w.query, "level": w.level, "vanilla_query": w.vanilla_query,
+                                     "notes": w.notes, "tuples": w.tuples, "per_instant": w.per_instant}
+                                 for e, w in wls.items()}}
+
+
+def sec_peers(args, res: dict) -> None:
+    from bench import peers
+
+    p = args.p
+    w = W.battlefield("avg", p["peer_tuples"], p["bf_per_instant"])
+    out: dict = {"tuples": p["peer_tuples"], "per_instant": p["bf_per_instant"], "checks": []}
+    # DuckDB: the ROWS 100 query (the ceiling) and the per-instant time-window AVG
+    exp_rows, secs = duckdb_avg_rows(w.data["Vitals"], "bp", 100, W.BF_LEVELS, W.BF_LEVELS)
+    out["duckdb_rows100"] = {"seconds": round(secs, 3), "throughput": round(w.tuples / secs)}
+    dd_range, secs = peers.duckdb_range(w.data["Vitals"])
+    out["duckdb_range"] = {"seconds": round(secs, 3), "throughput": round(w.tuples / secs)}
+    # Spark Structured Streaming: tumbling 1-instant window AVG over micro-batches of one chunk
+    sss = peers.structured_streaming(w.data["Vitals"], p["chunk"])
+    out["sss_range"] = {k: v for k, v in sss.items() if k != "rows"}
+    peers.compare_range(sss["rows"], dd_range, "Structured Streaming vs DuckDB")
+    out["checks"].append(f"Structured Streaming per-instant AVG equals DuckDB's on all {dd_range.num_rows} instants")
+    # Strata on the same data: the ROWS 100 target and the RANGE 1 query
+    mls = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    checks: list = []
+    try:
+        _warm(mls, w, False, p["chunk"], args)
+        out["strata_rows100"] = _run(mls, w, False, p["chunk"], args, checks)
+        wr = W.Workload(name="avg-range", config=w.config, level=w.level, query=peers.STRATA_RANGE_QUERY,
+                        data=w.data, vanilla_config=w.vanilla_config, vanilla_level=w.vanilla_level,
+                        vanilla_query=peers.STRATA_RANGE_QUERY, vanilla_data=w.vanilla_data, per_instant=w.per_instant)
+        rec = _run(mls, wr, False, p["chunk"], args, checks, check=False)
+        out["strata_range"] = rec
+    finally:
+        mls.stop()
+    out["checks"] += checks
+    out["sss_rows_rejected"] = peers.sss_rows_window_error()
+    res["peers"] = out
+
+
+def sec_micro(args, res: dict) -> None:
+    cmd = [sys.executable, str(ROOT / "bench" / "engine_micro.py"), "--reps", "3"]
+    if args.quick:
+        cmd += ["--sizes", "10000", "50000", "--instants", "1", "4", "--jvm-warmup", "3"]
+    subprocess.run(cmd, check=True)
+    res["micro"] = {"file": "engine_micro.md"}
+
+
+# ---- main ----------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Strata benchmark harness (docs/benchmarks/README.md)")
+    ap.add_argument("--quick", action="store_true", help="small data, one repetition (minutes)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro"], help="run only these sections")
+    ap.add_argument("--insecure", action="store_true", help="clusters without mutual TLS")
+    ap.add_argument("--cpu-reading", choices=["host", "dedicated"], default="dedicated",
+                    help="Algorithm 5's load reading: the shared host's CPU (host) or an idle reading "
+                         "emulating one host per worker (dedicated, default; see README)")
+    ap.add_argument("--report-only", action="store_true", help="regenerate README and plots from results.json")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    args.p = QUICK if args.quick else FULL
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rfile = out / "results.json"
+    res = json.loads(rfile.read_text()) if rfile.exists() else {}
+    status = 0
+    if not args.report_only:
+        res["meta"] = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       "mode": "quick" if args.quick else "full", "machine": machine(),
+                       "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+                       "params": args.p, "tls": not args.insecure, "cpu_reading": args.cpu_reading, "load_start": loadavg()}
+        t0 = time.monotonic()
+        for sec in args.only or SECTIONS:
+            ts = time.monotonic()
+            _log(f"=== section {sec}")
+            try:
+                globals()[f"sec_{sec}"](args, res)
+                if isinstance(res.get(sec), dict):
+                    res[sec]["mode"] = "quick" if args.quick else "full"
+                    res[sec]["date"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+                res.setdefault("durations", {})[sec] = round(time.monotonic() - ts)
+            except BenchCheckFailed as e:
+                _log(f"CORRECTNESS CHECK FAILED in {sec}: {e}")
+                res.setdefault("failures", {})[sec] = str(e)[:2000]
+                status = 1
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                res.setdefault("failures", {})[sec] = f"{type(e).__name__}: {e}"[:2000]
+                status = 1
+            else:
+                res.get("failures", {}).pop(sec, None)
+            rfile.write_text(json.dumps(res, indent=1, default=str))
+        res["meta"]["seconds"] = round(time.monotonic() - t0)
+        rfile.write_text(json.dumps(res, indent=1, default=str))
+    from bench.report import write_report
+
+    write_report(res, out)
+    _log(f"wrote {out / 'README.md'}")
+    if res.get("failures"):
+        _log(f"FAILED sections: {', '.join(res['failures'])}")
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
