@@ -56,22 +56,9 @@ from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
 BF_LEVELS = ["U", "C", "S", "TS"]
 SIDS = 200
 
-VANILLA_BF_TOML = """\
-# vanilla battlefield: one level, no security lattice to speak of
-[lattice]
-levels = ["P"]
-
-[streams.Vitals]
-sid = "string"
-bp = "double"
-pr = "double"
-weight = "double"
-
-[streams.Positions]
-sid = "string"
-lat = "double"
-lon = "string"
-"""
+#: vanilla battlefield: the same streams under a one-level lattice (no labels to speak of)
+VANILLA_BF_TOML = BATTLEFIELD_TOML.replace('levels = ["U", "C", "S", "TS"]', 'levels = ["P"]')
+assert VANILLA_BF_TOML != BATTLEFIELD_TOML
 
 VANILLA_CW_TOML = """\
 # vanilla cloud audit: one level; the original COI label is an ordinary attribute

@@ -19,6 +19,17 @@ from .pipeline import QueryPipeline, Released
 __all__ = ["run_local", "collect"]
 
 
+def cut_chunks(config: Config, level: str, queries: list[str], inputs: dict[str, pa.Table],
+               chunk_instants: int = 1) -> tuple[QueryPipeline, list[str], list[Chunk]]:
+    """A pipeline with ``queries`` registered, all of ``inputs`` ingested and cut into chunks."""
+    p = QueryPipeline(config, level, chunk_instants=chunk_instants)
+    ids = [p.add_query(q)[0] for q in queries]
+    for stream, table in inputs.items():
+        if table is not None and table.num_rows:
+            p.ingest(stream, table)
+    return p, ids, p.finish()
+
+
 def run_local(
     config: Config,
     level: str,
@@ -37,12 +48,7 @@ def run_local(
     each group runs in a random order, so results arrive out of order and
     running states lag behind, as with pipelined dispatch.
     """
-    p = QueryPipeline(config, level, chunk_instants=chunk_instants)
-    ids = [p.add_query(q)[0] for q in queries]
-    for stream, table in inputs.items():
-        if table is not None and table.num_rows:
-            p.ingest(stream, table)
-    chunks = p.finish()
+    p, ids, chunks = cut_chunks(config, level, queries, inputs, chunk_instants)
     assign = assign or (lambda c, n: c.chunk_id % n)
     released: list[Released] = []
     groups = [chunks] if not batch else [chunks[i:i + batch] for i in range(0, len(chunks), batch)]

@@ -402,14 +402,7 @@ def test_agent_probe_hears_a_loopback_group(tmp_path):
 
 
 # ---- up/status/down on this machine (loopback, a master only: no Spark) ---------------------------------
-def _free_udp_port() -> int:
-    import socket
-
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from strata.commands import _free_udp_port  # noqa: E402
 
 
 LOCAL = """\

@@ -296,15 +296,9 @@ def run_pipeline(config, level: str, queries: list[str], inputs: dict[str, pa.Ta
     the executor (its counters tell how much was shared).  ``order(chunks)``
     may permute the chunks (out-of-order completion).
     """
-    from strata.master.local import collect
-    from strata.master.pipeline import QueryPipeline
+    from strata.master.local import collect, cut_chunks
 
-    p = QueryPipeline(config, level, chunk_instants=chunk_instants)
-    ids = [p.add_query(q)[0] for q in queries]
-    for stream, table in inputs.items():
-        if table is not None and table.num_rows:
-            p.ingest(stream, table)
-    chunks = p.finish()
+    p, ids, chunks = cut_chunks(config, level, queries, inputs, chunk_instants)
     ex = executor or SharedExecutor(engine, config, enabled=enabled)
     released = []
     for chunk in (order(chunks) if order else chunks):
