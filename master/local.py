@@ -40,13 +40,15 @@ def run_local(
     assign: Callable[[Chunk, int], int] | None = None,
     shuffle: random.Random | None = None,
     batch: int = 0,
+    prune: bool = False,
 ) -> dict[str, pa.Table]:
     """Evaluate ``queries`` at ``level`` over labelled ``inputs``; results per query id.
 
     ``assign(chunk, n)`` picks the engine of a chunk (default round robin).  With
     ``shuffle``, chunks are cut in groups of ``batch`` (all at once if 0) and
     each group runs in a random order, so results arrive out of order and
-    running states lag behind, as with pipelined dispatch.
+    running states lag behind, as with pipelined dispatch.  ``prune``: evaluate the
+    chunks as the cluster ships them (:mod:`strata.chunking.prune`).
     """
     p, ids, chunks = cut_chunks(config, level, queries, inputs, chunk_instants)
     assign = assign or (lambda c, n: c.chunk_id % n)
@@ -59,6 +61,10 @@ def run_local(
         if shuffle is not None:
             shuffle.shuffle(order)
         for chunk in order:
+            if prune:  # what the master's dispatch sends on the wire (ROWS windows pruned)
+                from strata.chunking.prune import prune_chunk
+
+                chunk = prune_chunk(chunk, p.queries)
             eng = engines[assign(chunk, len(engines)) % len(engines)]
             results = [eng.run(p.queries[qc.query_id], qc) for qc in chunk.queries]
             released.extend(p.complete(chunk.chunk_id, results))

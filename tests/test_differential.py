@@ -49,9 +49,10 @@ def _check(config, engines, data, n_queries):
     k = data.draw(st.integers(1, 3), label="chunk_instants")
     n = data.draw(st.integers(1, 3), label="engines")
     rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
+    prune = data.draw(st.booleans(), label="prune ROWS windows as on the wire")
     out = run_local(
         config, level, texts, inputs_of(config, streams), engines[:n], chunk_instants=k,
-        assign=lambda c, m: rnd.randrange(m), shuffle=rnd, batch=rnd.choice([0, 1, 2]),
+        assign=lambda c, m: rnd.randrange(m), shuffle=rnd, batch=rnd.choice([0, 1, 2]), prune=prune,
     )
     for i, text in enumerate(texts):
         expected = evaluate(text, config, level, streams)
