@@ -245,6 +245,8 @@ class LevelRayCluster:
         self.temp_dir = self._prepare_dirs()
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # node IP = loopback, listeners on loopback
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        # Ray waits 30 s for its GCS to bind; a loaded host (Spark workers starting) can take longer
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(self._token())
         import ray
