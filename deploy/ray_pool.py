@@ -255,13 +255,44 @@ class LevelRayCluster:
         ray_constants.ENABLE_RAY_CLUSTER = False  # in case Ray was imported before the variable was set
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to a Ray cluster; the scaler needs its own")
-        ctx = ray.init(address="local", num_cpus=self.num_cpus, namespace=self.namespace, include_dashboard=False,
-                       _node_ip_address="127.0.0.1", _temp_dir=str(self.temp_dir), log_to_driver=False,
-                       configure_logging=False, object_store_memory=self.object_store_mb * 1024 * 1024)
+        for attempt in range(1, 4):
+            try:
+                ctx = ray.init(address="local", num_cpus=self.num_cpus, namespace=self.namespace,
+                               include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=str(self.temp_dir),
+                               log_to_driver=False, configure_logging=False,
+                               object_store_memory=self.object_store_mb * 1024 * 1024)
+                break
+            except Exception as e:  # noqa: BLE001 - Ray gives its raylet a fixed 30 s to register
+                if "timed out during startup" not in str(e) or attempt == 3:
+                    raise
+                log.warning("Ray did not start (attempt %d of 3, host busy?): %s; retrying", attempt, e)
+                self._kill_leftovers()
         self.info = dict(ctx.address_info)
         if self.info.get("node_ip_address") not in ("127.0.0.1", None):
             log.warning("Ray node IP is %s, not loopback", self.info.get("node_ip_address"))
         return self.info
+
+    def _kill_leftovers(self) -> None:
+        """After a failed start: shut down and kill what that attempt left running."""
+        import psutil
+        import ray
+
+        procs = []
+        for pid in self.ray_pids():
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - nothing to shut down
+            pass
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=10)
 
     def ray_pids(self) -> list[int]:
         """This process's descendants (Ray's GCS, raylet, workers, and our worker processes)."""

@@ -91,13 +91,12 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
         assert c.status().counters["redispatched"] >= 1
         if fault == "kill":  # gone for good
             assert [w.sid for w in c.status().workers] == [workers[1]["address"]]
-        else:  # back: it rejoins the group, and its stale reply was dropped
+        else:  # back: it rejoins the group. Its late reply either came first (the re-queued copy is then
+            # skipped) or was dropped as a duplicate; the comparison above shows each result arrived once.
             deadline = time.monotonic() + 15
-            while (victim not in {w.sid for w in c.status().workers} or c.status().counters["duplicates"] < 1) \
-                    and time.monotonic() < deadline:
+            while victim not in {w.sid for w in c.status().workers} and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert victim in {w.sid for w in c.status().workers}
-            assert c.status().counters["duplicates"] >= 1
         c.close()
     finally:
         stop_cluster(state)

@@ -446,6 +446,11 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
                      labelled=True)
             c.advance(upto_ts=ts)
 
+        # let Ray come up before loading the host (its raylet has a fixed 30 s to register)
+        up_deadline = time.monotonic() + 200
+        while not (state / "run" / "scaler-S.json").exists() and time.monotonic() < up_deadline:
+            assert scaler.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
         # keep a backlog in front of the single worker until a scaled worker has done chunks
         new_sid = None
         deadline = time.monotonic() + 240
