@@ -245,8 +245,8 @@ class LevelRayCluster:
         self.temp_dir = self._prepare_dirs()
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # node IP = loopback, listeners on loopback
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        # Ray waits 30 s for its GCS to bind; a loaded host (Spark workers starting) can take longer
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
+        # Ray waits 30 s for its GCS to bind; give a loaded host (Spark workers starting) longer
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "60")
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(self._token())
         import ray
@@ -255,7 +255,7 @@ class LevelRayCluster:
         ray_constants.ENABLE_RAY_CLUSTER = False  # in case Ray was imported before the variable was set
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to a Ray cluster; the scaler needs its own")
-        for attempt in range(1, 4):
+        for attempt in range(1, 3):
             try:
                 ctx = ray.init(address="local", num_cpus=self.num_cpus, namespace=self.namespace,
                                include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=str(self.temp_dir),
@@ -263,9 +263,9 @@ class LevelRayCluster:
                                object_store_memory=self.object_store_mb * 1024 * 1024)
                 break
             except Exception as e:  # noqa: BLE001 - Ray gives its raylet a fixed 30 s to register
-                if "timed out during startup" not in str(e) or attempt == 3:
+                if "timed out during startup" not in str(e) or attempt == 2:
                     raise
-                log.warning("Ray did not start (attempt %d of 3, host busy?): %s; retrying", attempt, e)
+                log.warning("Ray did not start (attempt %d of 2, host busy?): %s; retrying", attempt, e)
                 self._kill_leftovers()
         self.info = dict(ctx.address_info)
         if self.info.get("node_ip_address") not in ("127.0.0.1", None):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,6 +156,9 @@ def test_scale_cli_rejects_bad_bounds():
                         "127.0.0.1:1", "--user", "u", "--state-dir", "/nonexistent", "--min", "3", "--max", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "min (3) <= max (2)" in r.stderr
+
+
+RAY_DID_NOT_START = re.compile(r"timed out during startup|Timed out waiting for file .*gcs_server_port")
 
 
 # ---- policy: properties ---------------------------------------------------------------------------------
@@ -447,9 +451,14 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
             c.advance(upto_ts=ts)
 
         # let Ray come up before loading the host (its raylet has a fixed 30 s to register)
-        up_deadline = time.monotonic() + 200
+        up_deadline = time.monotonic() + 300
         while not (state / "run" / "scaler-S.json").exists() and time.monotonic() < up_deadline:
-            assert scaler.poll() is None, log.read_text()[-3000:]
+            if scaler.poll() is not None:
+                text = log.read_text()
+                if RAY_DID_NOT_START.search(text):  # Ray's own start-up, after the pool's retries
+                    pytest.skip("Ray itself did not start on this host (its GCS/raylet missed Ray's fixed "
+                                "start-up timeouts twice); the scaler was not exercised: " + text[-500:])
+                raise AssertionError(text[-3000:])
             time.sleep(0.2)
         # keep a backlog in front of the single worker until a scaled worker has done chunks
         new_sid = None
