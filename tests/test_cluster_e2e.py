@@ -28,20 +28,11 @@ from strata.tls import issue, make_ca, secure_channel
 from strata.worker.group import Heartbeat, encode_heartbeat
 
 from .conftest import BATTLEFIELD_TOML, CHINESE_WALL_TOML
+from .polling import poll
 from .reference.evaluator import compare_results, evaluate
 
 pytestmark = pytest.mark.slow
 PASSWORD = "correct horse"
-
-
-def poll(predicate, timeout=30.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def write_config(dir: Path, text: str, users: dict[str, str]) -> Path:

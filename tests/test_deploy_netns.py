@@ -33,6 +33,7 @@ from strata.config import load_config
 from strata.users import UserStore
 
 from .conftest import BATTLEFIELD_TOML
+from .polling import poll as _poll
 from .reference.evaluator import compare_results, evaluate
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -127,13 +128,7 @@ class Topology:
 
 
 def poll(predicate, timeout=30.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
+    return _poll(predicate, timeout, interval)
 
 
 def deploy(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import threading
-import time
 
 import pyarrow as pa
 import pytest
@@ -20,6 +19,7 @@ from strata.config import load_config
 from strata.users import UserStore
 
 from .conftest import BATTLEFIELD_TOML
+from .polling import wait_for
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of
 from .test_cluster_e2e import PASSWORD, write_config
@@ -39,14 +39,6 @@ def vitals(lo: int, hi: int) -> list[dict]:
             rows.append({"ts": ts, "level": ["U", "C", "S", "TS"][(ts + k) % 4], "sid": f"s{(ts * 7 + k) % 5}",
                          "bp": float(90 + (ts * 13 + k * 29) % 90), "pr": 1.0, "weight": 1.0})
     return rows
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_master_restart_mid_stream_resumes_exactly_once(tmp_path):

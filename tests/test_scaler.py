@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from strata.deploy.scaler_policy import Decision, Observation, PolicySettings, ScalingPolicy, WorkerObs
 
+from .polling import poll
+
 
 def W(sid, cpu=10.0, in_flight=0, done=0, ours=True, state="ready"):
     return WorkerObs(sid=sid, cpu=cpu, in_flight=in_flight, chunks_done=done, state=state, drainable=ours)
@@ -302,13 +304,7 @@ def _alive(pid: int) -> bool:
 
 
 def _poll(pred, timeout=30.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    return pred()
+    return poll(pred, timeout, interval)
 
 
 @pytest.mark.parametrize("hang", [False, True])
