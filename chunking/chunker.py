@@ -67,6 +67,7 @@ class _Item:
     unbounded_mode: LegacyMode | None  # for kind == "unbounded"
     level_set: pa.Array
     schema: pa.Schema
+    levels: frozenset = frozenset()  # level_set as a set (canonical names)
     hist: pa.Table = None  # type: ignore[assignment]
     pending: list = field(default_factory=list)  # list[pa.Table]
     _pend: pa.Table | None = None  # cached concatenation of ``pending``
@@ -262,6 +263,7 @@ class Chunker:
                     unbounded_mode=mode if kind == "unbounded" else None,
                     level_set=pa.array(sorted(w.levels), pa.string()),
                     schema=schema,
+                    levels=frozenset(w.levels),
                 )
             )
         self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items)
@@ -285,7 +287,7 @@ class Chunker:
             self._reject(e, table)
             raise
         try:
-            t = self._normalize(name, table)
+            t, present = self._normalize(name, table)
         except ChunkingError as e:
             self._reject(e, table)
             raise
@@ -299,16 +301,22 @@ class Chunker:
         self._last_ts[name] = int(t.column("ts")[n - 1].as_py())
         self.accepted += n
         level = t.column("level")
-        masks: dict[tuple, pa.Array] = {}
+        masks: dict[frozenset, pa.Array] = {}
         for q in self._queries.values():
             for it in q.items:
                 if it.stream != name:
                     continue
-                key = tuple(it.level_set.to_pylist())
-                if key not in masks:
-                    masks[key] = pc.is_in(level, value_set=it.level_set)
-                m = masks[key]
-                vis = t.filter(m)
+                # the item's visible part; no per-tuple work when every level of the batch
+                # is in the window's level set (or none is)
+                seen = present & it.levels
+                if len(seen) == len(present):
+                    vis = t
+                elif not seen:
+                    continue
+                else:
+                    if seen not in masks:
+                        masks[seen] = pc.is_in(level, value_set=pa.array(sorted(seen), pa.string()))
+                    vis = t.filter(masks[seen])
                 it.append(vis)
         return n
 
@@ -329,8 +337,9 @@ class Chunker:
             )
         return s.name
 
-    def _normalize(self, name: str, table) -> pa.Table:
-        """Validate a batch and return it as ``ts, level, attributes`` with the stream's Arrow types."""
+    def _normalize(self, name: str, table) -> tuple[pa.Table, frozenset]:
+        """Validate a batch; return it as ``ts, level, attributes`` with the stream's Arrow types,
+        and its distinct (canonical) levels."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         elif not isinstance(table, pa.Table):
@@ -369,6 +378,7 @@ class Chunker:
             cols.append(col)
         n = table.num_rows
         ts, level = cols[0], cols[1]
+        present: frozenset = frozenset()
         if ts.null_count:
             raise ChunkingError(f"stream {name}: ts is null in {ts.null_count} tuple(s)", "null_ts")
         if level.null_count:
@@ -386,6 +396,7 @@ class Chunker:
                 idx = pc.index_in(level, value_set=pa.array(uniq, pa.string()))
                 level = pa.chunked_array([pc.take(pa.array(canon, pa.string()), idx.combine_chunks())])
                 cols[1] = level
+            present = frozenset(canon)
             # ts: non-negative, non-decreasing, not in a closed chunk
             tsn = ts.to_numpy()
             if tsn[0] < 0 or tsn.min() < 0:
@@ -410,7 +421,7 @@ class Chunker:
                 )
         out_schema = pa.schema([f for f in schema if f.name != "_seq"])
         return pa.Table.from_arrays([c if isinstance(c, pa.ChunkedArray) else pa.chunked_array([c]) for c in cols],
-                                    schema=out_schema)
+                                    schema=out_schema), present
 
     # -- cutting ----------------------------------------------------------------
     def close(self, upto_ts: int) -> list[Chunk]:

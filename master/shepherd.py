@@ -32,10 +32,15 @@ class Shepherd:
     def __post_init__(self) -> None:
         self.level = self.lattice.parse(self.level)
         self._visible = sorted(self.lattice.dominated(self.level))
+        self._visible_set = frozenset(self._visible)
 
     def canonical_levels(self, table: pa.Table) -> pa.Table:
         """The batch with every level in canonical form; a missing, null or unknown level
         rejects the whole batch (ShepherdError), so nothing is half accepted."""
+        return self._canonical(table)[0]
+
+    def _canonical(self, table: pa.Table) -> tuple[pa.Table, set[str]]:
+        """:meth:`canonical_levels` and the batch's distinct (canonical) levels, one hash pass."""
         if "level" not in table.column_names:
             raise ShepherdError("labelled input needs a 'level' column")
         col = table.column("level")
@@ -51,19 +56,27 @@ class Shepherd:
             except ValueError:
                 raise ShepherdError(f"unknown level {text!r}") from None
         if all(k == v for k, v in canon.items()):
-            return table
+            return table, set(canon)
         keys = pa.array(list(canon), pa.string())
         vals = pa.array(list(canon.values()), pa.string())
         fixed = pc.take(vals, pc.index_in(col, value_set=keys))
-        return table.set_column(table.column_names.index("level"), "level", fixed)
+        return table.set_column(table.column_names.index("level"), "level", fixed), set(canon.values())
 
     def admit(self, stream: str, table: pa.Table) -> pa.Table:
-        """Rows the master may hold; the rest are counted per stream, never kept."""
+        """Rows the master may hold; the rest are counted per stream, never kept.
+
+        A batch whose levels are all visible passes as it is (no per-tuple work beyond the
+        one pass that finds its distinct levels); one with none visible is dropped whole."""
         if table.num_rows == 0:
             return table
-        table = self.canonical_levels(table)
-        keep = pc.is_in(table.column("level"), value_set=pa.array(self._visible, pa.string()))
-        kept = table.filter(keep)
+        table, levels = self._canonical(table)
+        visible = levels & self._visible_set
+        if len(visible) == len(levels):
+            return table
+        if not visible:
+            kept = table.slice(0, 0)
+        else:
+            kept = table.filter(pc.is_in(table.column("level"), value_set=pa.array(sorted(visible), pa.string())))
         n = table.num_rows - kept.num_rows
         if n:
             self.dropped[stream] += n

@@ -707,3 +707,22 @@ def test_partition_tail_matches_pandas(rows, n):
     df = t.to_pandas()
     want = df.groupby(["k1", "k2"], dropna=False, sort=False).tail(n)["_seq"].tolist()
     assert got == want
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.sampled_from(LEVELS), min_size=1, max_size=12), min_size=1, max_size=4),
+       window_levels=st.sets(st.sampled_from(LEVELS), min_size=1))
+def test_item_holds_exactly_its_window_levels(battlefield, batches, window_levels):
+    """Batches whose levels are all in, partly in or all outside a window's level set: the
+    item receives exactly the tuples of its levels, in arrival order (the whole-batch fast
+    paths agree with a tuple-by-tuple filter)."""
+    clause = ", ".join(sorted(window_levels))
+    cq = compile_query(f"SELECT bp FROM Vitals[RANGE UNBOUNDED level in {{{clause}}}]", battlefield, "TS")
+    ch = Chunker(battlefield, {"q": cq}, chunk_instants=len(batches))
+    want, start = [], 0
+    for ts, levels in enumerate(batches):
+        ch.push("Vitals", vitals(ts, len(levels), level=levels, start=start))
+        want += [float(start + i) for i, lv in enumerate(levels) if lv in window_levels]
+        start += len(levels)
+    got = [bp for c in ch.close(len(batches) - 1) for q in c.queries for bp in q.items[0].column("bp").to_pylist()]
+    assert got == want

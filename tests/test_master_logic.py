@@ -135,3 +135,17 @@ def test_shepherd_rejects_bad_levels_whole(battlefield, table, fragment):
     with pytest.raises(ShepherdError, match=fragment):
         sh.admit("Vitals", table)
     assert not sh.dropped
+
+
+@settings(max_examples=60, deadline=None)
+@given(levels=st.lists(st.sampled_from(["U", "C", "S", "TS"]), min_size=1, max_size=30),
+       at=st.sampled_from(["U", "C", "S", "TS"]))
+def test_shepherd_fast_paths_equal_brute_force(battlefield, levels, at):
+    """All-visible batches pass as they are and all-invisible ones are dropped whole: the
+    kept rows and the drop count equal a tuple-by-tuple check whatever the mix."""
+    sh = Shepherd(battlefield.lattice, at)
+    t = pa.table({"ts": list(range(len(levels))), "level": levels})
+    kept = sh.admit("Vitals", t)
+    want = [i for i, lv in enumerate(levels) if battlefield.lattice.leq(lv, at)]
+    assert kept.column("ts").to_pylist() == want
+    assert sh.dropped["Vitals"] == len(levels) - len(want)
