@@ -102,6 +102,27 @@ class BenchCluster:
         """Live processes of the current level's group."""
         return {p["name"]: p["pid"] for p in self.record["processes"] if p["level"] == self.level and _alive(p["pid"])}
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by this level's master and workers, JVMs included.
+
+        Less sensitive than wall time to other jobs on a shared host: it counts the work the
+        cluster did, not how long it waited for a core."""
+        import psutil
+
+        total = 0.0
+        for pid in self.pids().values():
+            try:
+                proc = psutil.Process(pid)
+                for p in [proc, *proc.children(recursive=True)]:
+                    try:
+                        t = p.cpu_times()
+                        total += t.user + t.system
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                pass
+        return total
+
     def client(self) -> Client:
         if self.tls_dir:
             c = Client(self.address, tls_dir=self.tls_dir, level=self.level)
@@ -191,6 +212,7 @@ class RunResult:
     instants: int
     chunks: int = 0
     extra: dict = field(default_factory=dict)
+    cpu_seconds: float = float("nan")  # master + workers (JVMs included), first ingest -> last result
 
     @property
     def throughput(self) -> float:
@@ -210,11 +232,34 @@ def _instant_slices(data: dict[str, pa.Table]) -> tuple[np.ndarray, dict[str, np
     return all_ts, bounds
 
 
-def replay(cluster: BenchCluster, query: str, data: dict[str, pa.Table], instants_per_call: int = 1,
+def replay(cluster: BenchCluster, query: str | list[str], data: dict[str, pa.Table], instants_per_call: int = 1,
            rate: float | None = None, timeout: float = 1800.0) -> RunResult:
-    """Register ``query``, replay ``data`` (labelled, arrival order) and collect every result."""
+    """Register ``query`` (or several), replay ``data`` (labelled, arrival order), collect every result.
+
+    With several queries, ``rows`` and the latencies are those of the first; the run ends when
+    every query's stream has ended.  ``rate``: offered tuples per second (paced), else as fast as
+    the master accepts."""
+    queries = [query] if isinstance(query, str) else list(query)
     c = cluster.client()
-    reg = c.register([query])[0]
+    regs = c.register(queries)
+    reg = regs[0]
+    others_done: list[threading.Event] = []
+    others_last: list[float] = []
+
+    def drain(qid: str, ev: threading.Event) -> None:
+        last = None
+        try:
+            for b in c.stub.Subscribe(pb.SubscribeRequest(query_ids=[qid], resume_after_ts=-1), metadata=c._md):
+                if b.end:
+                    break
+                last = time.perf_counter()
+            if last is not None:
+                others_last.append(last)
+        except BaseException as e:  # noqa: BLE001
+            error.append(e)
+        finally:
+            ev.set()
+
     arrivals: list[tuple[float, int, int, pa.Table]] = []
     error: list[BaseException] = []
     done = threading.Event()
@@ -233,6 +278,11 @@ def replay(cluster: BenchCluster, query: str, data: dict[str, pa.Table], instant
 
     th = threading.Thread(target=collect, daemon=True)
     th.start()
+    for r in regs[1:]:
+        ev = threading.Event()
+        others_done.append(ev)
+        threading.Thread(target=drain, args=(r.query_id, ev), daemon=True).start()
+    cpu0 = cluster.cpu_seconds()
     all_ts, bounds = _instant_slices(data)
     close_at: dict[int, float] = {}
     accepted = 0
@@ -261,11 +311,12 @@ def replay(cluster: BenchCluster, query: str, data: dict[str, pa.Table], instant
         c.advance(upto_ts=int(all_ts[hi - 1]))
     t_in = time.perf_counter() - t0
     c.advance(finish=True)
-    if not done.wait(timeout):
+    if not done.wait(timeout) or not all(ev.wait(timeout) for ev in others_done):
         raise RuntimeError("results did not complete in time")
     if error:
         raise error[0]
-    end = arrivals[-1][0] if arrivals else time.perf_counter()
+    end = max([arrivals[-1][0]] + others_last) if arrivals else time.perf_counter()
+    cpu = cluster.cpu_seconds() - cpu0
     lat = []
     for at, first, last, _ in arrivals:
         for t in range(int(first), int(last) + 1):
@@ -277,4 +328,4 @@ def replay(cluster: BenchCluster, query: str, data: dict[str, pa.Table], instant
     c.close()
     return RunResult(tuples=accepted, sent=sent, seconds=end - t0, ingest_seconds=t_in, latencies=np.array(lat), rows=rows,
                      instants=len(all_ts), chunks=int(st.counters.get("chunks", 0)),
-                     extra={"redispatched": int(st.counters.get("redispatched", 0))})
+                     extra={"redispatched": int(st.counters.get("redispatched", 0))}, cpu_seconds=cpu)

@@ -8,7 +8,12 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
 
 * ``bf``       battlefield §9.2/§9.3.2: select, AVG GROUP BY, AVG, ROWS-100 join at TS
                through a real cluster (master + N Spark workers as processes), for
-               each worker count, MLS and vanilla interleaved in the same run
+               each worker count, MLS and vanilla interleaved in the same run, as fast
+               as the cluster goes
+* ``overhead`` MLS overhead as the dissertation measured it (Table 9.7): paced input,
+               execution time first tuple in -> last result out, MLS vs vanilla
+* ``mpath``    the master's data path (shepherd, chunker, pruning, encoding) in one
+               process, MLS vs vanilla: CPU per tuple where the MLS work is
 * ``latency``  per-instant result latency with input paced at 50 k tuples/s
 * ``chunks``   throughput of the target query vs chunk length (instants per chunk)
 * ``cw``       Chinese Wall experiments 1-6 of §9.5, MLS vs vanilla
@@ -43,14 +48,16 @@ from bench.check import BenchCheckFailed, check_sample, compare_avg, duckdb_avg_
 from bench.e2e import BenchCluster, replay, _log  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
-SECTIONS = ["bf", "latency", "chunks", "alg5", "cw", "peers"]
+SECTIONS = ["bf", "overhead", "mpath", "latency", "chunks", "alg5", "cw", "peers"]
 
 QUICK = dict(bf_tuples=400_000, bf_per_instant=50_000, bf_workers=[2, 1], bf_queries=list(W.BF_QUERIES), reps=1,
              chunk=4, lat_tuples=400_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8], chunk_tuples=800_000,
-             cw_tuples=200_000, cw6_tuples=50_000, peer_tuples=400_000, sample=2)
+             cw_tuples=200_000, cw6_tuples=50_000, peer_tuples=400_000, sample=2,
+             ov_sizes=[1_000_000], ov_rate=100_000, ov_runs=2, ov_discard=1)
 FULL = dict(bf_tuples=1_000_000, bf_per_instant=50_000, bf_workers=[3, 2, 1], bf_queries=list(W.BF_QUERIES), reps=3,
             chunk=4, lat_tuples=1_500_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8, 16], chunk_tuples=2_000_000,
-            cw_tuples=2_000_000, cw6_tuples=250_000, peer_tuples=2_000_000, sample=3)
+            cw_tuples=2_000_000, cw6_tuples=250_000, peer_tuples=2_000_000, sample=3,
+            ov_sizes=[1_000_000, 2_000_000], ov_rate=100_000, ov_runs=4, ov_discard=1)
 
 
 def machine() -> dict:
@@ -84,15 +91,17 @@ def _run(cluster: BenchCluster, w: W.Workload, vanilla: bool, chunk: int, args, 
     r = replay(cluster, query, data, instants_per_call=1, rate=rate)
     rec = {"workload": w.name, "vanilla": vanilla, "workers": cluster.workers, "chunk_instants": chunk,
            "tuples": r.tuples, "sent": r.sent, "offered_throughput": round(r.sent / r.seconds),
+           "cpu_seconds": round(r.cpu_seconds, 3), "tail_seconds": round(r.seconds - r.ingest_seconds, 3),
            "cpu_reading": cluster.cpu_reading, "seconds": round(r.seconds, 3), "throughput": round(r.throughput),
            "ingest_seconds": round(r.ingest_seconds, 3), "p50": round(r.pct(50), 3), "p99": round(r.pct(99), 3), "instants": r.instants, "chunks": r.chunks,
            "out_rows": 0 if r.rows is None else r.rows.num_rows, "rate": rate, "load": la,
            "redispatched": r.extra.get("redispatched", 0)}
     _log(f"{w.name:10s} {'vanilla' if vanilla else 'MLS':7s} w={cluster.workers} K={chunk} "
          f"{r.tuples:,} tuples {r.seconds:.2f} s {r.throughput:,.0f}/s p50 {r.pct(50):.2f} p99 {r.pct(99):.2f} "
-         f"rows {rec['out_rows']} load {la}")
+         f"rows {rec['out_rows']} cpu {r.cpu_seconds:.2f} s load {la}")
     if check:
-        taus = check_sample(cfg, level, query, data, r.rows, k=args.p["sample"])
+        first = query if isinstance(query, str) else query[0]  # several queries: rows are the first's
+        taus = check_sample(cfg, level, first, data, r.rows, k=args.p["sample"])
         checks.append(f"{w.name} {'vanilla' if vanilla else 'MLS'} w={cluster.workers} K={chunk}: "
                       f"reference agrees at instants {taus}")
         if w.name == "avg" and not vanilla:
@@ -134,6 +143,56 @@ def sec_bf(args, res: dict) -> None:
         van.stop()
     res["bf"] = {"runs": runs, "checks": checks, "tuples": p["bf_tuples"], "per_instant": p["bf_per_instant"],
                  "chunk_instants": p["chunk"], "queries": {q: W.BF_QUERIES[q] for q in p["bf_queries"]}}
+
+
+def sec_overhead(args, res: dict) -> None:
+    """MLS overhead the way the dissertation measured it (§9.3.2, Table 9.7).
+
+    Input paced at a fixed rate the cluster sustains; execution time = first tuple in to last
+    result out; per configuration ``ov_runs`` runs of MLS and of vanilla, alternating, the first
+    ``ov_discard`` of each discarded (the dissertation: five runs, the first two discarded, mean
+    and standard deviation of the rest).  Also the cluster's CPU seconds per run (the work
+    done, whatever the pacing) and per-instant latency."""
+    p = args.p
+    exps = {e: W.TABLE_9_7[e][0] for e in W.TABLE_9_7}
+    first = W.battlefield_set("exp1", exps["exp1"], p["ov_sizes"][0], p["bf_per_instant"])
+    mls = BenchCluster(first.config, first.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    van = BenchCluster(first.vanilla_config, first.vanilla_level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    runs, checks = [], []
+    try:
+        _warm(mls, first, False, p["chunk"], args)
+        _warm(van, first, True, p["chunk"], args)
+        for size in p["ov_sizes"]:
+            for e, qs in exps.items():
+                w = W.battlefield_set(e, qs, size, p["bf_per_instant"])
+                for rep in range(p["ov_runs"]):
+                    for vanilla in (False, True) if rep % 2 == 0 else (True, False):
+                        rec = _run(van if vanilla else mls, w, vanilla, p["chunk"], args, checks,
+                                   rate=p["ov_rate"], check=rep == p["ov_discard"])
+                        rec.update(rep=rep, size=size, discarded=rep < p["ov_discard"])
+                        runs.append(rec)
+    finally:
+        mls.stop()
+        van.stop()
+    res["overhead"] = {"runs": runs, "checks": checks, "rate": p["ov_rate"], "per_instant": p["bf_per_instant"],
+                       "chunk_instants": p["chunk"], "workers": 2, "runs_per_config": p["ov_runs"],
+                       "discarded": p["ov_discard"],
+                       "experiments": {e: [W.BF_QUERIES[q] for q in qs] for e, qs in exps.items()},
+                       "dissertation": {e: W.TABLE_9_7[e][1] for e in exps}}
+
+
+def sec_mpath(args, res: dict) -> None:
+    """The master's data path in this process, MLS vs vanilla: where the MLS work is (bench/master_path.py)."""
+    from bench import master_path
+
+    p = args.p
+    parts = [master_path.compare(W.battlefield_set(e, W.TABLE_9_7[e][0], p["ov_sizes"][0], p["bf_per_instant"]),
+                                 chunk_instants=p["chunk"]) for e in W.TABLE_9_7]
+    for x in parts:
+        _log(f"master path {x['workload']}: " + ", ".join(
+            f"{k} {x[k]['mls_ns']:.0f}/{x[k]['van_ns']:.0f}" for k in (*master_path.STEPS, "total"))
+             + " ns per tuple (MLS/vanilla)")
+    res["mpath"] = {"parts": parts}
 
 
 def sec_latency(args, res: dict) -> None:
