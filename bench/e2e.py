@@ -67,11 +67,14 @@ class BenchCluster:
         t0 = time.monotonic()
         kw = {"tls": tls} if "tls" in inspect.signature(start_cluster).parameters else {}
         if cpu_reading == "dedicated":
-            # Algorithm 5 reads each worker's host CPU; here all share one host, so emulate one
-            # host per worker with an injected idle reading (the in-flight limit still applies)
+            # emulate one host per worker with an injected idle reading (the in-flight limit
+            # still applies)
             kw["worker_env"] = {i: {"STRATA_CPU_OVERRIDE": "0"} for i in range(workers)}
-        elif cpu_reading != "host":
-            raise ValueError("cpu_reading must be 'host' or 'dedicated'")
+        elif cpu_reading not in ("host", "process"):
+            raise ValueError("cpu_reading must be 'host', 'process' or 'dedicated'")
+        if "load_reading" in inspect.signature(start_cluster).parameters:
+            # Algorithm 5's reading (worker/load.py): the shared host's CPUs, or each worker's own processes
+            kw["load_reading"] = "host" if cpu_reading == "host" else "process"
         self.cpu_reading = cpu_reading
         out = start_cluster(str(self.config_path), self.levels, workers, self.state, chunk_seconds,
                             spark_master=spark_master, **kw)

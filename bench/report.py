@@ -311,10 +311,13 @@ def write_report(res: dict, out: Path) -> None:
     a5 = res.get("alg5")
     if a5:
         L += ["## Algorithm 5 on one shared host" + _when(a5), "",
-              f"`{a5['query']}`, 2 workers. `host`: each worker reports the host's CPU (psutil, as deployed); "
-              "`dedicated`: an injected 0 % reading, as if each worker had its own host. With `host`, every "
-              "worker reads ≥ 90 % while the cluster works (the master, the client and the other worker share "
-              "the 2 cores), so the master holds each chunk until its 1 s starvation fallback.", "",
+              f"`{a5['query']}`, 2 workers. `host`: each worker reports the host's CPU (psutil; the "
+              "dissertation's reading, `[cluster] load_reading = \"host\"`); `process`: each worker reports "
+              "the CPU of its own processes (Python server + Spark JVM) in % of its Spark cores "
+              "(`worker/load.py`; the embedded cluster's default); `dedicated`: an injected 0 % reading, as if "
+              "each worker had its own idle host. With `host`, every worker reads ≥ 90 % while the cluster "
+              "works (the master, the client and the other worker share the 2 cores), so the master holds "
+              "chunks until its 1 s starvation fallback.", "",
               "| CPU reading | instants/chunk | tuples/s | p50 s | p99 s | load |", "|---|---:|---:|---:|---:|---:|"]
         for r in a5["runs"]:
             L.append(f"| {r['cpu_reading']} | {r['chunk_instants']} | {_fmt(r['throughput'])} | {r['p50']:.2f} | "

@@ -79,8 +79,10 @@ def cmd_worker(args) -> int:
     pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only (the JVM inherits them)
     tls_dir = _server_tls(args, cfg, "worker")
     spec = _spec(args, cfg)
+    # Algorithm 5's CPU reading (worker/load.py): the flag, else [cluster] load_reading, else host
+    reading = args.load_reading or (cfg.sections.get("cluster") or {}).get("load_reading", "host")
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
-                 ready=_ready_writer(args.ready_file, "worker"), tls_dir=tls_dir)
+                 ready=_ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading)
     return EXIT_OK
 
 
@@ -150,10 +152,15 @@ def cmd_certs(args) -> int:
 # ---- embedded cluster ------------------------------------------------------------------
 def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
                   multicast_port: int | None = None, spark_master: str = "local[1]", timeout: float = 180.0,
-                  worker_env: dict[int, dict] | None = None, tls: bool = True) -> dict:
+                  worker_env: dict[int, dict] | None = None, tls: bool = True,
+                  load_reading: str | None = "process") -> dict:
     """Start one master and ``workers`` workers per level as background processes.
 
     ``worker_env``: extra environment per worker index (e.g. an injected CPU reading).
+    ``load_reading``: Algorithm 5's CPU reading for the workers (worker/load.py); all of them
+    share this host, so by default each reports its own processes' load (``process``), not
+    the host's, which would read >= 90 % for all of them whenever the cluster works.  ``None``:
+    the configuration's ``[cluster] load_reading``.
     With ``tls`` (the default) every link is mutual TLS with certificates made
     in ``state_dir/tls`` (client certificates too: ``client-<level>.pem``).
     """
@@ -191,6 +198,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                 cmd += ["--chunk-seconds", str(chunk_seconds)]
             else:
                 cmd += ["--spark-master", spark_master]
+                if load_reading:
+                    cmd += ["--load-reading", load_reading]
             log = open(state_dir / "logs" / f"{name}.log", "ab")
             env = None
             if role == "worker" and worker_env and int(name.rsplit("-", 1)[1]) in worker_env:
@@ -616,6 +625,9 @@ def add_parsers(sub) -> None:
     common(w)
     w.add_argument("--listen", default="127.0.0.1:0")
     w.add_argument("--spark-master", default=os.environ.get("STRATA_SPARK_MASTER", "local[1]"))
+    w.add_argument("--load-reading", choices=["host", "process"], default=None,
+                   help="the CPU reading Algorithm 5 compares with 90 %%: the host's CPUs (default, "
+                        "[cluster] load_reading) or this worker's own processes (workers sharing a host)")
     w.set_defaults(func=cmd_worker)
 
     m = sub.add_parser("master", help="run the master of one level")

@@ -117,6 +117,10 @@ def parse_config(text: str, path: Path | None = None) -> Config:
         if k not in ("enabled", "mode"):
             raise err("sharing", k, "unknown key (expected 'enabled' or 'mode')")
 
+    cluster = data.get("cluster", {})
+    if isinstance(cluster, dict) and "load_reading" in cluster and cluster["load_reading"] not in ("host", "process"):
+        raise err("cluster", "load_reading", "must be \"host\" or \"process\" (Algorithm 5's CPU reading)")
+
     lat = data.get("lattice")
     if not isinstance(lat, dict):
         raise ConfigError(f"{where}: missing [lattice] section (levels = [...] or coi = [[...], ...])")

@@ -223,21 +223,11 @@ def _pid() -> int:
     return os.getpid()
 
 
-
 def _cpu_percent() -> float:
-    """The load of the CPUs this process may run on, in percent (psutil, non-blocking).
+    """The default reading: the load of the CPUs this process may run on (worker/load.py)."""
+    from .load import host_cpu_percent
 
-    With a level pinned to its own CPU set (``[groups."L"] cpus``) another
-    level's load does not show in this reading, so it cannot modulate this
-    level's dispatch decisions (Algorithm 5) either.
-    """
-    import os
-
-    import psutil
-
-    per = psutil.cpu_percent(percpu=True)
-    mine = [per[i] for i in sorted(os.sched_getaffinity(0)) if i < len(per)]
-    return float(sum(mine) / len(mine)) if mine else float(psutil.cpu_percent(interval=None))
+    return host_cpu_percent()
 
 
 def _receiver(spec: GroupSpec) -> socket.socket:

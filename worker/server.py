@@ -93,8 +93,12 @@ def warm_up(engine, config, level: str) -> None:
 
 
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
-                 ready=None, stop_event: threading.Event | None = None, tls_dir=None) -> None:
+                 ready=None, stop_event: threading.Event | None = None, tls_dir=None,
+                 load_reading: str = "host") -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop_event``).
+
+    ``load_reading``: the CPU reading its heartbeats carry for Algorithm 5
+    (``host`` or ``process``, see :mod:`strata.worker.load`).
 
     With ``tls_dir`` the worker serves mutual TLS with its ``worker-<level>``
     certificate and answers only a ``master`` certificate of its own level;
@@ -118,7 +122,10 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, credentials=creds,
                                    max_workers=4, interceptors=interceptors)
     servicer.sid = address
-    member = GroupMember(spec, sid=address, role="worker", stats=core.stats)
+    from strata.worker.load import make_load
+
+    member = GroupMember(spec, sid=address, role="worker", stats=core.stats,
+                         load=make_load(load_reading, spark_master))
     servicer.member = member
     if os.environ.get("STRATA_CPU_OVERRIDE"):  # an injected load reading (tests, drills)
         member.cpu_override = float(os.environ["STRATA_CPU_OVERRIDE"])

@@ -404,7 +404,7 @@ class _Analyzer:
             raise SemanticError(
                 f"{ctx}: {e.name} must appear in GROUP BY or inside an aggregate"
             )
-        for child in _children(e):
+        for child in A.children(e):
             self._check_grouped(child, group_by, ctx)
 
     # -- authorization (Alg. 2) ------------------------------------------------------
@@ -520,20 +520,6 @@ def _flip(op: str) -> str:
     return {"<": ">", ">": "<", "<=": ">=", ">=": "<="}.get(op, op)
 
 
-def _children(e: A.Expr):
-    if isinstance(e, A.Unary):
-        return [e.operand]
-    if isinstance(e, A.Binary):
-        return [e.left, e.right]
-    if isinstance(e, A.InList):
-        return [e.operand, *e.items]
-    if isinstance(e, (A.DominatedBy, A.IsNull)):
-        return [e.operand]
-    if isinstance(e, A.Aggregate):
-        return [] if e.arg is None else [e.arg]
-    return []
-
-
 def _conjuncts(e: A.Expr | None) -> list[A.Expr]:
     if e is None:
         return []
@@ -555,19 +541,7 @@ def _strip_expr(e):
     """Drop column qualifiers (for display with a single FROM item)."""
     if isinstance(e, A.Column):
         return A.Column(None, e.name)
-    if isinstance(e, A.Unary):
-        return A.Unary(e.op, _strip_expr(e.operand))
-    if isinstance(e, A.Binary):
-        return A.Binary(e.op, _strip_expr(e.left), _strip_expr(e.right))
-    if isinstance(e, A.InList):
-        return A.InList(_strip_expr(e.operand), tuple(_strip_expr(i) for i in e.items), e.negated, e.braces)
-    if isinstance(e, A.DominatedBy):
-        return A.DominatedBy(_strip_expr(e.operand), e.level)
-    if isinstance(e, A.IsNull):
-        return A.IsNull(_strip_expr(e.operand), e.negated)
-    if isinstance(e, A.Aggregate):
-        return A.Aggregate(e.func, None if e.arg is None else _strip_expr(e.arg))
-    return e
+    return A.map_children(e, _strip_expr)
 
 
 def _strip_qualifiers(q: A.Query) -> A.Query:

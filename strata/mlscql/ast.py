@@ -15,7 +15,8 @@ from typing import Union
 __all__ = [
     "Expr", "Column", "Literal", "LevelLiteral", "Unary", "Binary", "InList", "DominatedBy",
     "IsNull", "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query",
-    "AGGREGATES", "UNIT_SECONDS", "COMPARISONS", "ARITHMETIC", "walk", "aggregates_in", "columns_in",
+    "AGGREGATES", "UNIT_SECONDS", "COMPARISONS", "ARITHMETIC", "walk", "children", "map_children",
+    "aggregates_in", "columns_in",
 ]
 
 AGGREGATES = ("COUNT", "SUM", "AVG", "MIN", "MAX")
@@ -152,22 +153,46 @@ class Query:
     wrapped: bool = False  # written as ISTREAM(SELECT ...)
 
 
+def children(e: Expr) -> list[Expr]:
+    """The direct sub-expressions of ``e``, left to right."""
+    if isinstance(e, Unary):
+        return [e.operand]
+    if isinstance(e, Binary):
+        return [e.left, e.right]
+    if isinstance(e, InList):
+        return [e.operand, *e.items]
+    if isinstance(e, (DominatedBy, IsNull)):
+        return [e.operand]
+    if isinstance(e, Aggregate) and e.arg is not None:
+        return [e.arg]
+    return []
+
+
+def map_children(e: Expr, f) -> Expr:
+    """``e`` with ``f`` applied to each direct sub-expression (leaves are returned as they are).
+
+    Expression rewrites (dropping qualifiers, canonical forms) handle the nodes they care
+    about and leave the rest of the tree's shape to this one function."""
+    if isinstance(e, Unary):
+        return Unary(e.op, f(e.operand))
+    if isinstance(e, Binary):
+        return Binary(e.op, f(e.left), f(e.right))
+    if isinstance(e, InList):
+        return InList(f(e.operand), tuple(f(i) for i in e.items), e.negated, e.braces)
+    if isinstance(e, DominatedBy):
+        return DominatedBy(f(e.operand), e.level)
+    if isinstance(e, IsNull):
+        return IsNull(f(e.operand), e.negated)
+    if isinstance(e, Aggregate) and e.arg is not None:
+        return Aggregate(e.func, f(e.arg))
+    return e
+
+
 def walk(e: Expr):
     """Pre-order traversal of an expression tree."""
     yield e
-    if isinstance(e, Unary):
-        yield from walk(e.operand)
-    elif isinstance(e, Binary):
-        yield from walk(e.left)
-        yield from walk(e.right)
-    elif isinstance(e, InList):
-        yield from walk(e.operand)
-        for it in e.items:
-            yield from walk(it)
-    elif isinstance(e, (DominatedBy, IsNull)):
-        yield from walk(e.operand)
-    elif isinstance(e, Aggregate) and e.arg is not None:
-        yield from walk(e.arg)
+    for c in children(e):
+        yield from walk(c)
 
 
 def aggregates_in(e: Expr | None) -> list[Aggregate]:

@@ -137,8 +137,6 @@ def canonical_expr(e: A.Expr, names: dict[str, int]) -> A.Expr:
         elif len(set(names.values())) == 1:
             q = "$0"
         return A.Column(q, e.name)
-    if isinstance(e, A.Unary):
-        return A.Unary(e.op, c(e.operand))
     if isinstance(e, A.Binary):
         l, r = c(e.left), c(e.right)
         op = e.op
@@ -155,13 +153,7 @@ def canonical_expr(e: A.Expr, names: dict[str, int]) -> A.Expr:
         if all(isinstance(i, (A.LevelLiteral, A.Literal)) for i in items):
             items = tuple(sorted(set(items), key=_key))
         return A.InList(c(e.operand), items, e.negated, False)
-    if isinstance(e, A.DominatedBy):
-        return A.DominatedBy(c(e.operand), e.level)
-    if isinstance(e, A.IsNull):
-        return A.IsNull(c(e.operand), e.negated)
-    if isinstance(e, A.Aggregate):
-        return A.Aggregate(e.func, None if e.arg is None else c(e.arg))
-    return e
+    return A.map_children(e, c)
 
 
 def conjuncts(e: A.Expr | None) -> list[A.Expr]:
