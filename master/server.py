@@ -144,7 +144,7 @@ class MasterServicer(rpc.MasterServicer):
                               ready_chunks=st["ready_chunks"],
                               lag_seconds=st["lag_instants"], rejected=rejected,
                               counters={k: int(v) for k, v in st["counters"].items()}
-                              | {"failed_logins": self.sessions.failed_logins})
+                              | {"failed_logins": self.sessions.failed_logins, "logouts": self.sessions.logouts})
 
 
 class DispatchLoop:
@@ -274,6 +274,12 @@ class UsersWatch:
             return []
         lat = self.users.lattice
         gone = []
+        for user in sorted(self.sessions.users()):
+            u = known.get(user)
+            if u is not None and u.sessions_after:  # strata users logout / a replaced password
+                n = self.sessions.end_before(user, u.sessions_after)
+                if n:
+                    log.warning("ended %d session(s) of %s opened before %s", n, user, u.sessions_after)
         for user in sorted(self.core.owners() | self.sessions.users()):
             u = known.get(user)
             if u is None or not lat.leq(self.core.level, u.clearance):

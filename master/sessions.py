@@ -25,6 +25,7 @@ class Session:
     principal: Principal
     created: float
     last_used: float
+    created_wall: float = 0.0  # epoch seconds: compared with the user's ``sessions_after``
 
 
 class Sessions:
@@ -45,6 +46,7 @@ class Sessions:
         self._failures: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self.failed_logins = 0
+        self.logouts = 0  # sessions ended by ``strata users logout`` or a replaced password
 
     def login(self, user: str, password: str, level: str) -> Session:
         now = self._clock()
@@ -69,10 +71,10 @@ class Sessions:
             raise
         with self._lock:
             self._failures.pop(user, None)
-            s = Session(secrets.token_urlsafe(32), principal, now, now)
+            s = Session(secrets.token_urlsafe(32), principal, now, now, self._wall())
             self._by_token[token_digest(s.token)] = s
         if self.persist is not None:
-            self.persist.save_session(s.token, principal.user, principal.level, self._wall())
+            self.persist.save_session(s.token, principal.user, principal.level, s.created_wall)
         return s
 
     def check(self, token: str | None) -> Session:
@@ -107,12 +109,12 @@ class Sessions:
             age = wall - st.created
             u = users.get(st.user)  # the users file may have changed while the master was down
             if age > self.ttl or st.level != self.level or u is None or \
-                    not self.store.lattice.leq(st.level, u.clearance):
+                    not self.store.lattice.leq(st.level, u.clearance) or st.created < u.sessions_after:
                 self.persist.drop_session(st.token_sha256)
                 continue
             principal = Principal(st.user, st.level)
             with self._lock:
-                self._by_token[st.token_sha256] = Session("", principal, now - age, now)
+                self._by_token[st.token_sha256] = Session("", principal, now - age, now, st.created)
             n += 1
         return n
 
@@ -124,6 +126,19 @@ class Sessions:
                 del self._by_token[t]
         if self.persist is not None:
             self.persist.drop_user_sessions(user)
+        return len(gone)
+
+    def end_before(self, user: str, wall: float) -> int:
+        """End the sessions of ``user`` opened before ``wall`` (epoch seconds; ``strata users
+        logout``, a replaced password); later ones stay.  Returns how many ended."""
+        with self._lock:
+            gone = [t for t, s in self._by_token.items() if s.principal.user == user and s.created_wall < wall]
+            for t in gone:
+                del self._by_token[t]
+            self.logouts += len(gone)
+        if self.persist is not None:
+            for t in gone:
+                self.persist.drop_session(t)
         return len(gone)
 
     def users(self) -> set[str]:

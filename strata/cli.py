@@ -73,29 +73,36 @@ def cmd_users_list(args) -> int:
     return EXIT_OK
 
 
-def cmd_users_remove(args) -> int:
+def _users_change(args, action: str, *extra):
+    """Apply one administrator change to the users file (``UserStore.<action>``)."""
     from .users import UserError, UserStore
 
     cfg = _config(args)
     try:
-        UserStore(cfg.users_path, cfg.lattice).remove(args.name)
+        return getattr(UserStore(cfg.users_path, cfg.lattice), action)(args.name, *extra)
     except UserError as e:
         raise CliError(str(e), EXIT_REJECTED) from None
+
+
+def cmd_users_remove(args) -> int:
+    _users_change(args, "remove")
     print(f"user {args.name} removed; running masters end their sessions and queries within a second",
           file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_users_set_clearance(args) -> int:
-    from .users import UserError, UserStore
-
-    cfg = _config(args)
-    try:
-        u = UserStore(cfg.users_path, cfg.lattice).set_clearance(args.name, args.clearance)
-    except UserError as e:
-        raise CliError(str(e), EXIT_REJECTED) from None
+    u = _users_change(args, "set_clearance", args.clearance)
     print(f"user {u.name} now has clearance {u.clearance}; masters of levels it no longer dominates end the "
           f"user's sessions and queries within a second", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_users_logout(args) -> int:
+    _users_change(args, "end_sessions")
+    print(f"sessions of {args.name} end on every master within a second (their open result streams stop with "
+          f"'session ended'); clearance, password and queries are unchanged: the user may log in again",
+          file=sys.stderr)
     return EXIT_OK
 
 
@@ -171,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     ua.add_argument("--config", required=True)
     ua.add_argument("--name", required=True)
     ua.add_argument("--clearance", required=True, help="highest level the user may log in at")
-    ua.add_argument("--replace", action="store_true", help="replace an existing user")
+    ua.add_argument("--replace", action="store_true",
+                    help="replace an existing user (a new password ends the sessions opened with the old one)")
     ua.set_defaults(func=cmd_users_add)
     ul = usub.add_parser("list", help="list users and their principals")
     ul.add_argument("--config", required=True)
@@ -186,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     uc.add_argument("--name", required=True)
     uc.add_argument("--clearance", required=True)
     uc.set_defaults(func=cmd_users_set_clearance)
+    uo = usub.add_parser("logout", help="end all of a user's current sessions (the user may log in again)")
+    uo.add_argument("--config", required=True)
+    uo.add_argument("--name", required=True)
+    uo.set_defaults(func=cmd_users_logout)
 
     ex = sub.add_parser("explain", help="check and rewrite a query offline (Alg. 2-4)")
     ex.add_argument("--config", required=True)

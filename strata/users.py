@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,8 @@ class User:
     name: str
     clearance: str
     hash: str
+    #: wall-clock time (epoch seconds); sessions created before it are ended (``strata users logout``)
+    sessions_after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,14 @@ class UserStore:
             raise UserError(f"{self.path}: unreadable users file: {e}") from None
         users = {}
         for name, rec in data.get("users", {}).items():
-            users[name] = User(name, rec["clearance"], rec["hash"])
+            users[name] = User(name, rec["clearance"], rec["hash"], float(rec.get("sessions_after", 0.0)))
         return users
 
     def _save(self, users: dict[str, User]) -> None:
         data = {"format": _FORMAT, "users": {
-            u.name: {"clearance": u.clearance, "hash": u.hash} for u in sorted(users.values(), key=lambda u: u.name)
+            u.name: {"clearance": u.clearance, "hash": u.hash,
+                     **({"sessions_after": u.sessions_after} if u.sessions_after else {})}
+            for u in sorted(users.values(), key=lambda u: u.name)
         }}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".users-", dir=self.path.parent)
@@ -111,7 +116,8 @@ class UserStore:
         users = self.load()
         if name in users and not replace:
             raise UserError(f"user {name!r} already exists (use --replace to change it)")
-        users[name] = User(name, clearance, _HASHER.hash(password))
+        # replacing a user (a new password) ends the sessions opened with the old one
+        users[name] = User(name, clearance, _HASHER.hash(password), time.time() if name in users else 0.0)
         self._save(users)
         return users[name]
 
@@ -122,6 +128,17 @@ class UserStore:
         del users[name]
         self._save(users)
 
+    def end_sessions(self, name: str) -> User:
+        """End every session ``name`` has now, on every master (they re-check the users file);
+        clearance, password and queries stay as they are: the user may log in again."""
+        users = self.load()
+        if name not in users:
+            raise UserError(f"no user {name!r}")
+        u = users[name]
+        users[name] = User(u.name, u.clearance, u.hash, max(time.time(), u.sessions_after))
+        self._save(users)
+        return users[name]
+
     def set_clearance(self, name: str, clearance: str) -> User:
         users = self.load()
         if name not in users:
@@ -130,7 +147,7 @@ class UserStore:
             clearance = self.lattice.parse(clearance)
         except LevelError as e:
             raise UserError(f"clearance: {e}") from None
-        users[name] = User(name, clearance, users[name].hash)
+        users[name] = User(name, clearance, users[name].hash, users[name].sessions_after)
         self._save(users)
         return users[name]
 

@@ -91,3 +91,19 @@ def test_bad_config_exit_1(tmp_path):
     p.write_text("[lattice]\nlevels = 3\n")
     r = strata("explain", "--config", str(p), "--level", "S", "SELECT 1 FROM X")
     assert r.returncode == 1 and "[lattice] levels" in r.stderr
+
+
+def test_users_logout_and_other_switches(cfg):
+    assert strata("users", "add", "--config", str(cfg), "--name", "jane", "--clearance", "S", input="pw\n").returncode == 0
+    r = strata("users", "logout", "--config", str(cfg), "--name", "jane")
+    assert r.returncode == 0 and "log in again" in r.stderr
+    rec = json.loads(cfg.with_name("battle.users.json").read_text())["users"]["jane"]
+    assert rec["clearance"] == "S" and rec["sessions_after"] > 0
+    r = strata("users", "logout", "--config", str(cfg), "--name", "nobody")
+    assert r.returncode == 2 and "no user 'nobody'" in r.stderr
+    # the other administrator switches go through the same path
+    r = strata("users", "set-clearance", "--config", str(cfg), "--name", "jane", "--clearance", "C")
+    assert r.returncode == 0 and "now has clearance C" in r.stderr
+    assert strata("users", "set-clearance", "--config", str(cfg), "--name", "jane", "--clearance", "X").returncode == 2
+    assert strata("users", "remove", "--config", str(cfg), "--name", "jane").returncode == 0
+    assert json.loads(strata("users", "list", "--config", str(cfg), "--json").stdout) == []

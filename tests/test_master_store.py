@@ -4,6 +4,7 @@ by token digest; an S master's disk never holds a TS tuple; revocation is logged
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pyarrow as pa
 import pytest
@@ -148,3 +149,62 @@ def test_revocation_stops_only_that_users_queries_and_survives_restart(tmp_path)
     assert again.queries[a].revoked_after == 3 and not again.queries[b].ended
     assert all({q.query_id for q in c.queries} == {b} for c in again.pipeline.chunks.values() if c.first_ts >= 4)
     store2.close()
+
+
+def test_logout_ends_sessions_not_queries_and_survives_restart(tmp_path):
+    """``strata users logout``: every session the user had ends (also after a master restart),
+    the user's queries keep running, a new login works; other users are untouched."""
+    from strata.master.server import UsersWatch
+
+    cfg = parse_config(BATTLEFIELD_TOML)
+    users = UserStore(tmp_path / "users.json", cfg.lattice)
+    users.add("ann", "TS", "pw")
+    users.add("bob", "S", "pw")
+    store = MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(cfg))
+    wall = [time.time() - 60]  # these logins happened a minute ago
+    sessions = Sessions(users, "S", persist=store, wall=lambda: wall[0])
+    core = MasterCore(cfg, "S")
+    watch = UsersWatch(core, sessions, users)
+    old = [sessions.login("ann", "pw", "S").token for _ in range(2)]
+    bob = sessions.login("bob", "pw", "S").token
+    qid = core.register("ann", QUERIES[:1])[0].query_id
+    assert watch.check() == []
+    # the administrator's switch; the file's time is the real clock, later than the fake logins
+    users.end_sessions("ann")
+    assert users.load()["ann"].clearance == "TS" and users.authenticate("ann", "pw", "S")
+    wall[0] = users.load()["ann"].sessions_after + 1
+    assert watch.check() == []  # nobody is revoked ...
+    for t in old:  # ... but ann's sessions are over
+        with pytest.raises(AuthError):
+            sessions.check(t)
+    assert sessions.check(bob).principal.user == "bob"
+    assert core.queries[qid].revoked_after is None and not core.queries[qid].ended
+    assert sessions.logouts == 2
+    new = sessions.login("ann", "pw", "S").token  # opened after the logout: stays
+    watch._stamp = None
+    watch.check()
+    assert sessions.check(new).principal.user == "ann"
+    # a restarted master takes back bob's and the new session, not the old ones
+    store.close()
+    store = MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(cfg))
+    again = Sessions(users, "S", persist=store)
+    assert again.restore() == 2
+    assert again.check(new) and again.check(bob)
+    for t in old:
+        with pytest.raises(AuthError):
+            again.check(t)
+
+
+def test_replaced_password_ends_old_sessions(tmp_path):
+    cfg = parse_config(BATTLEFIELD_TOML)
+    users = UserStore(tmp_path / "users.json", cfg.lattice)
+    users.add("ann", "TS", "old pw")
+    assert users.load()["ann"].sessions_after == 0.0  # a new user has nothing to end
+    sessions = Sessions(users, "S", wall=lambda: 0.0)  # opened "long ago"
+    token = sessions.login("ann", "old pw", "S").token
+    users.add("ann", "TS", "new pw", replace=True)
+    from strata.master.server import UsersWatch
+
+    UsersWatch(MasterCore(cfg, "S"), sessions, users).check()
+    with pytest.raises(AuthError):
+        sessions.check(token)
