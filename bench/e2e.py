@@ -331,4 +331,5 @@ def replay(cluster: BenchCluster, query: str | list[str], data: dict[str, pa.Tab
     c.close()
     return RunResult(tuples=accepted, sent=sent, seconds=end - t0, ingest_seconds=t_in, latencies=np.array(lat), rows=rows,
                      instants=len(all_ts), chunks=int(st.counters.get("chunks", 0)),
-                     extra={"redispatched": int(st.counters.get("redispatched", 0))}, cpu_seconds=cpu)
+                     extra={"redispatched": int(st.counters.get("redispatched", 0)),
+                            "timings": dict(getattr(st, "timings", {}) or {})}, cpu_seconds=cpu)

@@ -302,10 +302,17 @@ def write_report(res: dict, out: Path) -> None:
     ch = res.get("chunks")
     if ch:
         L += ["## Scaling with chunk length" + _when(ch), "", f"`{ch['query']}`, 2 workers, {ch['per_instant']:,} tuples/instant.", "",
-              "| instants/chunk | tuples | seconds | tuples/s | chunks | load |", "|---:|---:|---:|---:|---:|---:|"]
+              "| instants/chunk | tuples | seconds | tuples/s | chunks | wait ms | round trip ms | engine ms | "
+              "transport ms | load |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sorted(ch["runs"], key=lambda r: r["chunk_instants"]):
+            t = r.get("timings") or {}
+            cells = " | ".join(f"{t[f'{p}_p50_ms']:,.0f}" if f"{p}_p50_ms" in t else "—"
+                               for p in ("wait", "rtt", "engine", "transport"))
             L.append(f"| {r['chunk_instants']} | {r['tuples']:,} | {r['seconds']:.2f} | {_fmt(r['throughput'])} | "
-                     f"{r['chunks']} | {r['load']} |")
+                     f"{r['chunks']} | {cells} | {r['load']} |")
+        L += ["", "Per chunk (median, from `strata status` timings): *wait* = closed → sent (Algorithm 5 and "
+              "the in-flight limit), *round trip* = sent → result, *engine* = the worker's engine time, "
+              "*transport* = round trip − engine (encoding, gRPC/TLS, decoding, queueing on the worker)."]
         L += [""] + (["![throughput vs chunk length](throughput_chunk.png)", ""] if "throughput_chunk.png" in files else [])
         L += ["Correctness: " + "; ".join(ch["checks"]) + ".", ""]
     a5 = res.get("alg5")

@@ -95,7 +95,7 @@ def _run(cluster: BenchCluster, w: W.Workload, vanilla: bool, chunk: int, args, 
            "cpu_reading": cluster.cpu_reading, "seconds": round(r.seconds, 3), "throughput": round(r.throughput),
            "ingest_seconds": round(r.ingest_seconds, 3), "p50": round(r.pct(50), 3), "p99": round(r.pct(99), 3), "instants": r.instants, "chunks": r.chunks,
            "out_rows": 0 if r.rows is None else r.rows.num_rows, "rate": rate, "load": la,
-           "redispatched": r.extra.get("redispatched", 0)}
+           "redispatched": r.extra.get("redispatched", 0), "timings": r.extra.get("timings", {})}
     _log(f"{w.name:10s} {'vanilla' if vanilla else 'MLS':7s} w={cluster.workers} K={chunk} "
          f"{r.tuples:,} tuples {r.seconds:.2f} s {r.throughput:,.0f}/s p50 {r.pct(50):.2f} p99 {r.pct(99):.2f} "
          f"rows {rec['out_rows']} cpu {r.cpu_seconds:.2f} s load {la}")

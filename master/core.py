@@ -28,6 +28,7 @@ from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 
 from .dispatch import Dispatcher
+from .timings import ChunkTimings
 from .shepherd import ShepherdError
 from .pipeline import QueryPipeline, Released
 
@@ -66,6 +67,7 @@ class MasterCore:
         self.queries: dict[str, QueryInfo] = {}
         self._ready: deque[int] = deque()  # chunk ids waiting for a worker
         self._sent_at: dict[int, float] = {}
+        self.timings = ChunkTimings()  # where chunks' time goes (strata status)
         self._finished = False
         self._clock = clock
         self.cond = threading.Condition()
@@ -198,6 +200,9 @@ class MasterCore:
         if finish:
             self._finished = True
         self._ready.extend(c.chunk_id for c in chunks)
+        now = self._clock()
+        for c in chunks:
+            self.timings.ready(c.chunk_id, now)
         self._maybe_end()
         self.cond.notify_all()
         return len(chunks)
@@ -249,6 +254,7 @@ class MasterCore:
                     continue
                 self.dispatcher.assign(cid, sid)
                 self._sent_at[cid] = self._clock()
+                self.timings.sent(cid, self._sent_at[cid])
                 out.append((self.pipeline.chunks[cid], sid))
         return out
 
@@ -259,6 +265,7 @@ class MasterCore:
             elif sid in self.dispatcher.table:
                 self.dispatcher.table[sid].done += 1
             self._sent_at.pop(chunk_id, None)
+            self.timings.done(chunk_id, self._clock(), sum(float((r.stats or {}).get("seconds", 0.0)) for r in results))
             released = self.pipeline.complete(chunk_id, results)
             for r in released:
                 info = self.queries.get(r.query_id)
@@ -321,6 +328,7 @@ class MasterCore:
                 | {f"transport:{k}": v for k, v in self.refused.items()}
                 | {f"multicast:{k}": v for k, v in (self.group_rejected() if self.group_rejected else {}).items()},
                 "dropped_by_shepherd": dict(self.pipeline.shepherd.dropped),
+                "timings": self.timings.summary(),
                 "counters": dict(self.pipeline.counters) | {"redispatched": self.redispatched,
                                                               "duplicates": self.pipeline.merger.duplicates,
                                                               "revocations": self.revocations,

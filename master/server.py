@@ -144,7 +144,8 @@ class MasterServicer(rpc.MasterServicer):
                               ready_chunks=st["ready_chunks"],
                               lag_seconds=st["lag_instants"], rejected=rejected,
                               counters={k: int(v) for k, v in st["counters"].items()}
-                              | {"failed_logins": self.sessions.failed_logins, "logouts": self.sessions.logouts})
+                              | {"failed_logins": self.sessions.failed_logins, "logouts": self.sessions.logouts},
+                              timings=st.get("timings", {}))
 
 
 class DispatchLoop:

@@ -376,6 +376,7 @@ def cmd_status(args) -> int:
         "lag": st.lag_seconds,
         "rejected": dict(st.rejected),
         "counters": dict(st.counters),
+        "timings": dict(st.timings),
     }
     if args.json:
         print(json.dumps(out))
@@ -385,6 +386,10 @@ def cmd_status(args) -> int:
             print(f"  {w['sid']}  cpu {w['cpu']:5.1f}%  {w['state']}  done {w['chunks_done']}  in flight {w['in_flight']}")
         if out["rejected"]:
             print("  rejected: " + ", ".join(f"{k}={v}" for k, v in out["rejected"].items()))
+        t = out["timings"]
+        if t:
+            print(f"  last {int(t['chunks'])} chunks, ms p50/p99: " + ", ".join(
+                f"{part} {t[f'{part}_p50_ms']:g}/{t[f'{part}_p99_ms']:g}" for part in ("wait", "rtt", "engine", "transport")))
     c.close()
     return EXIT_OK
 

@@ -155,6 +155,14 @@ def test_ts_tuple_on_s_master_never_reaches_s_workers(cluster):
         assert sorted(rows) == [(1, "S", 1), (2, "U", 1)]  # instant 3 held only a TS tuple: no output
         st = c.status()
         assert st.rejected["shepherd:Vitals"] == 3
+        # where the chunks' time went: every part present, round trip >= the engine's share
+        t = st.timings
+        assert t["chunks"] >= 2
+        assert all(t[f"{p}_p50_ms"] >= 0 for p in ("wait", "rtt", "engine", "transport"))
+        assert t["rtt_p99_ms"] >= t["engine_p50_ms"] > 0
+    r = strata("status", "--config", str(cluster["config"]), "--master", cluster["masters"]["S"], "--user", "sam",
+               "--tls-dir", cluster["tls"], "--level", "S")
+    assert r.returncode == 0 and "chunks, ms p50/p99: wait" in r.stdout, r.stdout + r.stderr
     seen = {}
     for sid in workers_of(cluster, "S"):
         info = _worker_info(cluster, "S", sid)

@@ -193,7 +193,7 @@ def _retarget(src: ChunkResult, qid: str, cq: CompiledQuery) -> ChunkResult:
     schema = result_schema(cq)
     if not rows.schema.equals(schema):
         rows = pa.Table.from_arrays(list(rows.columns), schema=schema)
-    stats = dict(src.stats, shared="complete")
+    stats = dict(src.stats, shared="complete", seconds=0.0)  # computed once, for the source query
     return ChunkResult(qid, src.chunk_id, rows, src.state, src.state_upto, stats)
 
 

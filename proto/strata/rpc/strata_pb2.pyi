@@ -147,7 +147,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks")
+    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,13 @@ class StatusReply(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class TimingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +176,7 @@ class StatusReply(_message.Message):
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     READY_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     level: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     backlog_chunks: int
@@ -176,7 +184,8 @@ class StatusReply(_message.Message):
     rejected: _containers.ScalarMap[str, int]
     counters: _containers.ScalarMap[str, int]
     ready_chunks: int
-    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ...) -> None: ...
+    timings: _containers.ScalarMap[str, float]
+    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class QuerySpec(_message.Message):
     __slots__ = ("query_id", "text", "level")
