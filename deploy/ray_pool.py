@@ -75,11 +75,18 @@ def _slug(level: str) -> str:
 
 def worker_command(config: str, level: str, state_dir: Path, ready_file: Path, *, listen: str = "127.0.0.1:0",
                    multicast_port: int | None = None, spark_master: str = "local[1]", tls_dir: str | None = None,
-                   insecure: bool = False, python: str | None = None) -> list[str]:
-    """The ``strata worker`` command line of one pool worker (same keys, certs and group as the level's)."""
+                   insecure: bool = False, python: str | None = None, load_reading: str | None = "process") -> list[str]:
+    """The ``strata worker`` command line of one pool worker (same keys, certs and group as the level's).
+
+    ``load_reading``: Algorithm 5's CPU reading (worker/load.py); a pool's workers share one
+    host, so by default each reports its own processes (``process``): the host's reading would
+    be the same for all of them and would also move with other levels' load.  ``None``: the
+    configuration's ``[cluster] load_reading``."""
     cmd = [python or sys.executable, "-m", "strata", "worker", "--config", str(Path(config).resolve()),
            "--level", level, "--listen", listen, "--state-dir", str(Path(state_dir).resolve()),
            "--ready-file", str(ready_file), "--spark-master", spark_master]
+    if load_reading:
+        cmd += ["--load-reading", load_reading]
     if multicast_port:
         cmd += ["--multicast-port", str(int(multicast_port))]
     if tls_dir:

@@ -31,7 +31,8 @@ def cmd_scale(args) -> int:
     opts = ScalerOptions(config=args.config, level=args.level, master=args.master, user=args.user,
                          state_dir=Path(args.state_dir), settings=settings, interval=args.interval,
                          multicast_port=args.multicast_port, tls_dir=args.tls_dir, insecure=args.insecure,
-                         spark_master=args.spark_master, listen=args.listen, worker_cpus=args.worker_cpus,
+                         spark_master=args.spark_master, load_reading=args.load_reading,
+                         listen=args.listen, worker_cpus=args.worker_cpus,
                          ray_cpus=args.ray_cpus, start_timeout=args.start_timeout, stop_grace=args.stop_grace,
                          verbose=args.verbose)
     password = _password()
@@ -60,6 +61,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--tls-dir", help="certificates (default: STATE_DIR/tls)")
     p.add_argument("--insecure", action="store_true", help="no TLS (development clusters only)")
     p.add_argument("--spark-master", default="local[1]", help="the workers' Spark master (default local[1])")
+    p.add_argument("--load-reading", choices=["host", "process"], default="process",
+                   help="the workers' CPU reading for Algorithm 5 and the scaling policy: their own processes "
+                        "(default; the pool shares one host) or the host's CPUs")
     p.add_argument("--listen", default="127.0.0.1:0", help="the workers' gRPC address (default 127.0.0.1:0)")
     g = p.add_argument_group("policy")
     g.add_argument("--up-backlog", type=int, default=4, help="waiting chunks above which the group is behind")

@@ -74,6 +74,7 @@ class ScalerOptions:
     tls_dir: str | None = None
     insecure: bool = False
     spark_master: str = "local[1]"
+    load_reading: str | None = "process"  # the workers' Algorithm 5 reading (worker/load.py)
     listen: str = "127.0.0.1:0"
     worker_cpus: float = 1.0            # Ray CPUs per worker actor
     ray_cpus: int | None = None         # the level's Ray cluster size (default max × worker_cpus)
@@ -185,7 +186,8 @@ class Scaler:
         def command(ready_file):
             return worker_command(self.opts.config, self.level, self.state_dir, ready_file, listen=self.opts.listen,
                                   multicast_port=self.multicast_port, spark_master=self.opts.spark_master,
-                                  tls_dir=self.opts.tls_dir if self.tls_dir else None, insecure=self.opts.insecure)
+                                  tls_dir=self.opts.tls_dir if self.tls_dir else None, insecure=self.opts.insecure,
+                                  load_reading=self.opts.load_reading)
 
         self.pool = WorkerPool(self.level, self.state_dir, command, actor_cpus=self.opts.worker_cpus,
                                start_timeout=self.opts.start_timeout, stop_grace=self.opts.stop_grace,

@@ -527,3 +527,14 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
     ray_dir = state / "ray" / "S"
     assert not ray_dir.is_symlink() or not ray_dir.exists()
     print("scaler end-to-end: " + ", ".join(f"{k} at {v:.0f} s" for k, v in marks.items()))
+
+
+def test_pool_workers_report_their_own_load(tmp_path):
+    """A pool's workers share one host: by default each reports its own processes' CPU
+    (worker/load.py), so neither the shared host nor another level's load drives scaling."""
+    from strata.deploy.ray_pool import worker_command
+
+    cmd = worker_command("c.toml", "S", tmp_path, tmp_path / "r.json")
+    assert cmd[cmd.index("--load-reading") + 1] == "process"
+    assert "--load-reading" not in worker_command("c.toml", "S", tmp_path, tmp_path / "r.json", load_reading=None)
+    assert worker_command("c.toml", "S", tmp_path, tmp_path / "r.json", load_reading="host")[-1] == "host"
