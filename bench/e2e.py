@@ -110,21 +110,9 @@ class BenchCluster:
 
         Less sensitive than wall time to other jobs on a shared host: it counts the work the
         cluster did, not how long it waited for a core."""
-        import psutil
+        from strata.worker.load import tree_cpu_times
 
-        total = 0.0
-        for pid in self.pids().values():
-            try:
-                proc = psutil.Process(pid)
-                for p in [proc, *proc.children(recursive=True)]:
-                    try:
-                        t = p.cpu_times()
-                        total += t.user + t.system
-                    except psutil.Error:
-                        pass
-            except psutil.Error:
-                pass
-        return total
+        return sum(sum(tree_cpu_times(pid).values()) for pid in self.pids().values())
 
     def client(self) -> Client:
         if self.tls_dir:

@@ -28,12 +28,21 @@ def _pairs(runs, key=("workload", "workers", "chunk_instants")):
     return out
 
 
-def _overhead(mls, van):
-    """MLS overhead in % of wall time (positive: MLS slower)."""
-    m, v = _mean([r["seconds"] for r in mls]), _mean([r["seconds"] for r in van])
+def _overhead(mls, van, key="seconds"):
+    """MLS overhead in % of the mean of ``key`` (wall seconds, CPU seconds; positive: MLS more)."""
+    m, v = _mean([r.get(key) for r in mls]), _mean([r.get(key) for r in van])
     if not m or not v:
         return None
     return 100.0 * (m - v) / v
+
+
+def _save(fig, out: Path, name: str, files: list[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    files.append(name)
 
 
 def _plots(res: dict, out: Path) -> list[str]:
@@ -57,10 +66,7 @@ def _plots(res: dict, out: Path) -> list[str]:
         ax.set_title("Battlefield: throughput vs workers")
         ax.legend(fontsize=7)
         ax.grid(alpha=.3)
-        fig.tight_layout()
-        fig.savefig(out / "throughput_workers.png", dpi=110)
-        plt.close(fig)
-        files.append("throughput_workers.png")
+        _save(fig, out, "throughput_workers.png", files)
     ov = res.get("overhead")
     if ov:
         kept = [r for r in ov["runs"] if not r.get("discarded")]
@@ -82,10 +88,7 @@ def _plots(res: dict, out: Path) -> list[str]:
         ax.set_ylabel("MLS execution-time overhead, %")
         ax.set_title(f"MLS vs vanilla, paced at {ov['rate']:,} tuples/s (Table 9.7 protocol)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "overhead.png", dpi=110)
-        plt.close(fig)
-        files.append("overhead.png")
+        _save(fig, out, "overhead.png", files)
     ch = res.get("chunks")
     if ch:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -96,10 +99,7 @@ def _plots(res: dict, out: Path) -> list[str]:
         ax.set_ylabel("tuples/s (end to end)")
         ax.set_title("AVG(bp) [ROWS 100], 2 workers: throughput vs chunk length")
         ax.grid(alpha=.3)
-        fig.tight_layout()
-        fig.savefig(out / "throughput_chunk.png", dpi=110)
-        plt.close(fig)
-        files.append("throughput_chunk.png")
+        _save(fig, out, "throughput_chunk.png", files)
     cw = res.get("cw")
     if cw:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -114,10 +114,7 @@ def _plots(res: dict, out: Path) -> list[str]:
         ax.set_ylabel("wall seconds (first ingest → last result)")
         ax.set_title("Chinese Wall experiments 1-6")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "chinese_wall.png", dpi=110)
-        plt.close(fig)
-        files.append("chinese_wall.png")
+        _save(fig, out, "chinese_wall.png", files)
     pe = res.get("peers")
     if pe:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -131,10 +128,7 @@ def _plots(res: dict, out: Path) -> list[str]:
         ax.set_xscale("log")
         ax.set_xlabel("tuples/s (log)")
         ax.set_title("Peers on the same data")
-        fig.tight_layout()
-        fig.savefig(out / "peers.png", dpi=110)
-        plt.close(fig)
-        files.append("peers.png")
+        _save(fig, out, "peers.png", files)
     lat = res.get("latency")
     if lat:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -143,10 +137,7 @@ def _plots(res: dict, out: Path) -> list[str]:
             ax.bar(f"K={r['chunk_instants']} p99", r["p99"])
         ax.set_ylabel("seconds after the instant closed")
         ax.set_title(f"Per-instant latency at {lat['rate']:,} tuples/s")
-        fig.tight_layout()
-        fig.savefig(out / "latency.png", dpi=110)
-        plt.close(fig)
-        files.append("latency.png")
+        _save(fig, out, "latency.png", files)
     return files
 
 
@@ -177,8 +168,7 @@ def _overhead_section(ov: dict, mpath: dict | None, files: list[str]) -> list[st
     for (e, size), v in sorted(_pairs(kept, key=("workload", "size")).items(), key=lambda kv: (kv[0][1], kv[0][0])):
         m, va = _mean([r["seconds"] for r in v["mls"]]), _mean([r["seconds"] for r in v["van"]])
         cm, cv = _mean([r.get("cpu_seconds") for r in v["mls"]]), _mean([r.get("cpu_seconds") for r in v["van"]])
-        o = 100.0 * (m - va) / va if m and va else None
-        co = 100.0 * (cm - cv) / cv if cm and cv else None
+        o, co = _overhead(v["mls"], v["van"]), _overhead(v["mls"], v["van"], "cpu_seconds")
         if o is not None:
             worst = o if worst is None else max(worst, o)
         diss = ov.get("dissertation", {}).get(e, {}).get(_size_label(size))
@@ -264,9 +254,7 @@ def write_report(res: dict, out: Path) -> None:
         L += ["| query | workers | MLS tuples/s | vanilla tuples/s | wall difference | CPU difference | MLS p50 s | MLS p99 s | runs | load |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for (q, w, k), v in sorted(_pairs(bf["runs"]).items(), key=lambda kv: (kv[0][0], -kv[0][1])):
-            ov = _overhead(v["mls"], v["van"])
-            cm, cv = _mean([r.get("cpu_seconds") for r in v["mls"]]), _mean([r.get("cpu_seconds") for r in v["van"]])
-            co = 100.0 * (cm - cv) / cv if cm and cv else None
+            ov, co = _overhead(v["mls"], v["van"]), _overhead(v["mls"], v["van"], "cpu_seconds")
             L.append(f"| {q} | {w} | {_fmt(_mean([r['throughput'] for r in v['mls']]))} | "
                      f"{_fmt(_mean([r['throughput'] for r in v['van']]))} | "
                      f"{'—' if ov is None else f'{ov:+.1f} %'} | {'—' if co is None else f'{co:+.1f} %'} | "

@@ -33,7 +33,6 @@ import datetime as dt
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -195,32 +194,30 @@ def sec_mpath(args, res: dict) -> None:
     res["mpath"] = {"parts": parts}
 
 
+def _target_runs(args, w: W.Workload, chunk_lengths, rate=None, cpu_reading=None) -> tuple[list, list]:
+    """The target query on a fresh 2-worker cluster (one warm-up run), once per chunk length."""
+    cl = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=cpu_reading or args.cpu_reading)
+    runs, checks = [], []
+    try:
+        _warm(cl, w, False, 4, args)
+        for k in chunk_lengths:
+            runs.append(_run(cl, w, False, k, args, checks, rate=rate))
+    finally:
+        cl.stop()
+    return runs, checks
+
+
 def sec_latency(args, res: dict) -> None:
     p = args.p
     w = W.battlefield("avg", p["lat_tuples"], p["lat_rate"])
-    mls = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
-    runs, checks = [], []
-    try:
-        _warm(mls, w, False, 4, args)
-        for chunk in p["lat_chunks"]:
-            rec = _run(mls, w, False, chunk, args, checks, rate=p["lat_rate"])
-            runs.append(rec)
-    finally:
-        mls.stop()
+    runs, checks = _target_runs(args, w, p["lat_chunks"], rate=p["lat_rate"])
     res["latency"] = {"runs": runs, "checks": checks, "rate": p["lat_rate"], "query": w.query}
 
 
 def sec_chunks(args, res: dict) -> None:
     p = args.p
     w = W.battlefield("avg", p["chunk_tuples"], p["bf_per_instant"])
-    mls = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
-    runs, checks = [], []
-    try:
-        _warm(mls, w, False, 4, args)
-        for k in p["chunk_lengths"]:
-            runs.append(_run(mls, w, False, k, args, checks))
-    finally:
-        mls.stop()
+    runs, checks = _target_runs(args, w, p["chunk_lengths"])
     res["chunks"] = {"runs": runs, "checks": checks, "query": w.query, "per_instant": p["bf_per_instant"]}
 
 
@@ -231,13 +228,9 @@ def sec_alg5(args, res: dict) -> None:
     w = W.battlefield("avg", p["chunk_tuples"], p["bf_per_instant"])
     runs, checks = [], []
     for reading in ("host", "process", "dedicated"):
-        cl = BenchCluster(w.config, w.level, 2, tls=not args.insecure, cpu_reading=reading)
-        try:
-            _warm(cl, w, False, 4, args)
-            for k in (1, 4):
-                runs.append(_run(cl, w, False, k, args, checks))
-        finally:
-            cl.stop()
+        r, c = _target_runs(args, w, (1, 4), cpu_reading=reading)
+        runs += r
+        checks += c
     res["alg5"] = {"runs": runs, "checks": checks, "query": w.query}
 
 

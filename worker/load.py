@@ -23,7 +23,7 @@ import re
 import time
 from typing import Callable
 
-__all__ = ["READINGS", "host_cpu_percent", "ProcessTreeLoad", "spark_cores", "make_load"]
+__all__ = ["READINGS", "host_cpu_percent", "tree_cpu_times", "ProcessTreeLoad", "spark_cores", "make_load"]
 
 READINGS = ("host", "process")
 
@@ -35,6 +35,28 @@ def host_cpu_percent() -> float:
     per = psutil.cpu_percent(percpu=True)
     mine = [per[i] for i in sorted(os.sched_getaffinity(0)) if i < len(per)]
     return float(sum(mine) / len(mine)) if mine else float(psutil.cpu_percent(interval=None))
+
+
+def tree_cpu_times(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of ``pid`` and each of its descendants, by pid; {} if it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return {}
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = [root]
+    out = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
 
 
 def spark_cores(spark_master: str | None) -> int:
@@ -56,34 +78,16 @@ class ProcessTreeLoad:
     takes its time with it (that interval reads a little low), never negative."""
 
     def __init__(self, cores: float, pid: int | None = None, clock: Callable[[], float] = time.monotonic):
-        import psutil
-
         if cores <= 0:
             raise ValueError("cores must be positive")
         self.cores = float(cores)
-        self._root = psutil.Process(pid or os.getpid())
+        self._pid = pid or os.getpid()
         self._clock = clock
         self._last: dict[int, float] = {}
         self._at: float | None = None
 
-    def _times(self) -> dict[int, float]:
-        import psutil
-
-        out = {}
-        try:
-            procs = [self._root, *self._root.children(recursive=True)]
-        except psutil.Error:
-            procs = [self._root]
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                out[p.pid] = t.user + t.system
-            except psutil.Error:
-                pass
-        return out
-
     def __call__(self) -> float:
-        now, times = self._clock(), self._times()
+        now, times = self._clock(), tree_cpu_times(self._pid)
         last, at = self._last, self._at
         self._last, self._at = times, now
         if at is None or now <= at:
