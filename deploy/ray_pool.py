@@ -284,51 +284,24 @@ class LevelRayCluster:
         import psutil
         import ray
 
-        procs = []
-        for pid in self.ray_pids():
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
+        procs = _descendants()
         try:
             ray.shutdown()
         except Exception:  # noqa: BLE001 - nothing to shut down
             pass
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill_all(procs)
         psutil.wait_procs(procs, timeout=10)
-
-    def ray_pids(self) -> list[int]:
-        """This process's descendants (Ray's GCS, raylet, workers, and our worker processes)."""
-        import psutil
-
-        try:
-            return [c.pid for c in psutil.Process().children(recursive=True)]
-        except psutil.Error:
-            return []
 
     def stop(self, timeout: float = 15.0) -> list[int]:
         """Shut Ray down; then SIGKILL any of its processes still alive after ``timeout`` (returned)."""
         import psutil
         import ray
 
-        procs = []
-        for pid in self.ray_pids():
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
+        procs = _descendants()
         if ray.is_initialized():
             ray.shutdown()
         _, alive = psutil.wait_procs(procs, timeout=timeout)
-        for p in alive:  # e.g. Ray's per-node agents, which ignore SIGTERM once their raylet is gone
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill_all(alive)  # e.g. Ray's per-node agents, which ignore SIGTERM once their raylet is gone
         psutil.wait_procs(alive, timeout=5)
         if self._short_dir is not None:
             shutil.rmtree(self._short_dir, ignore_errors=True)
@@ -337,6 +310,27 @@ class LevelRayCluster:
                 link.unlink()
             self._short_dir = None
         return [p.pid for p in alive]
+
+
+def _descendants() -> list:
+    """psutil handles of this process's descendants: Ray's GCS, raylet and workers, and our
+    worker processes ([] if they cannot be listed)."""
+    import psutil
+
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_all(procs) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 # ---- the pool -----------------------------------------------------------------------------------

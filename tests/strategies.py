@@ -15,14 +15,25 @@ Works for any config; tuned for ``battlefield`` and ``chinese_wall``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from hypothesis import assume
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
 from strata.config import Config, StreamSchema
 from strata.lattice import ChineseWall, Lattice
 from strata.mlscql import QueryError, compile_query
+
+
+def example_settings(env_var: str, default: int):
+    """Hypothesis settings of the Spark-backed property tests: ``env_var`` examples (default
+    ``default``), no deadline, derandomized on CI; returns (examples, settings)."""
+    examples = int(os.environ.get(env_var, str(default)))
+    return examples, settings(
+        max_examples=examples, deadline=None, derandomize=bool(os.environ.get("CI")),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
 
 __all__ = ["stream_rows", "multistream", "queries", "query_levels", "STRINGS", "DOUBLES", "LONGS"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 
 from strata.arrowio import ARROW_TYPES
@@ -23,3 +25,19 @@ def rows_of(table) -> list[tuple]:
         return []
     cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
     return list(zip(*cols))
+
+
+def collect_in_background(client, query_ids: list[str]) -> tuple[dict[str, list[tuple]], threading.Event]:
+    """Subscribe to ``query_ids`` on a thread; rows arrive in the returned dict, the event
+    is set when every stream has ended."""
+    got: dict[str, list[tuple]] = {q: [] for q in query_ids}
+    ended = threading.Event()
+
+    def collect():
+        for qid, table in client.subscribe(list(query_ids)):
+            if table is not None:
+                got[qid].extend(rows_of(table))
+        ended.set()
+
+    threading.Thread(target=collect, daemon=True).start()
+    return got, ended

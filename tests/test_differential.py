@@ -9,27 +9,22 @@ evaluator instant by instant.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata.master.local import run_local
 from strata.mlscql import compile_query
 
 from .reference.evaluator import compare_results, evaluate
-from .strategies import multistream, queries
+from .strategies import example_settings, multistream, queries
 from .tables import inputs_of, rows_of
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("STRATA_DIFF_EXAMPLES", "25"))
-SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
+EXAMPLES, SETTINGS = example_settings("STRATA_DIFF_EXAMPLES", 25)
 
 
 @pytest.fixture(scope="module")

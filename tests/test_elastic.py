@@ -30,7 +30,7 @@ from strata.config import parse_config
 
 from .conftest import BATTLEFIELD_TOML
 from .reference.evaluator import compare_results, evaluate
-from .tables import rows_of
+from .tables import collect_in_background
 from .test_cluster_e2e import PASSWORD, write_config
 
 pytestmark = pytest.mark.slow
@@ -62,16 +62,7 @@ def test_added_worker_receives_chunks_within_one_refresh(tmp_path):
         c = Client(started["masters"]["TS"], tls_dir=started["tls_dir"], level="TS")
         c.login("ann", PASSWORD, "TS")
         regs = c.register(QUERIES)
-        got = {r.query_id: [] for r in regs}
-        ended = threading.Event()
-
-        def collect():
-            for qid, table in c.subscribe([r.query_id for r in regs]):
-                if table is not None:
-                    got[qid].extend(rows_of(table))
-            ended.set()
-
-        threading.Thread(target=collect, daemon=True).start()
+        got, ended = collect_in_background(c, [r.query_id for r in regs])
         sent: list[dict] = []
         feed_error: list[BaseException] = []
         fc = Client(started["masters"]["TS"], tls_dir=started["tls_dir"], level="TS")

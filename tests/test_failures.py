@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ from strata.config import parse_config
 
 from .conftest import BATTLEFIELD_TOML
 from .reference.evaluator import compare_results, evaluate
-from .tables import rows_of
+from .tables import collect_in_background
 from .test_cluster_e2e import PASSWORD, write_config
 
 pytestmark = pytest.mark.slow
@@ -49,16 +48,7 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
         c = Client(masters["masters"]["TS"], tls_dir=masters["tls_dir"], level="TS")
         c.login("ann", PASSWORD, "TS")
         regs = c.register(QUERIES)
-        got = {r.query_id: [] for r in regs}
-        ended = threading.Event()
-
-        def collect():
-            for qid, table in c.subscribe([r.query_id for r in regs]):
-                if table is not None:
-                    got[qid].extend(rows_of(table))
-            ended.set()
-
-        threading.Thread(target=collect, daemon=True).start()
+        got, ended = collect_in_background(c, [r.query_id for r in regs])
         streams = _streams()
         table = pa.Table.from_pylist(streams["Vitals"])
         c.ingest([("Vitals", table)], labelled=True)

@@ -9,11 +9,10 @@ level: a cluster master runs one level), then random overlapping query sets.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata.chunking.codec import decode_result, encode_chunk
@@ -23,17 +22,13 @@ from strata.mlscql import ast as A
 from strata.worker.shared import SharedExecutor, run_pipeline
 
 from .reference.evaluator import compare_results, evaluate
-from .strategies import multistream, queries
+from .strategies import example_settings, multistream, queries
 from .tables import inputs_of, rows_of
 from .test_sharing import HL_TOML, SECTION_6_3, TABLE_5_1, UCST_TOML
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("STRATA_SHARING_EXAMPLES", "12"))
-SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
+EXAMPLES, SETTINGS = example_settings("STRATA_SHARING_EXAMPLES", 12)
 
 
 @pytest.fixture(scope="module")
