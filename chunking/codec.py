@@ -152,6 +152,9 @@ def encode_result(result: ChunkResult) -> bytes:
         "state": result.state is not None,
         "stats": result.stats or {},
     }
+    if result.error is not None:
+        header["error"] = str(result.error)
+        header["error_ts"] = None if result.error_ts is None else int(result.error_ts)
     tables = [result.rows] + ([result.state] if result.state is not None else [])
     return _pack(RESULT_MAGIC, header, tables)
 
@@ -169,6 +172,8 @@ def decode_result(data) -> ChunkResult:
             state=state,
             state_upto=h["state_upto"],
             stats=dict(h.get("stats") or {}),
+            error=None if h.get("error") is None else str(h["error"]),
+            error_ts=None if h.get("error_ts") is None else int(h["error_ts"]),
         )
     except (KeyError, TypeError) as e:
         raise CodecError(f"bad result header: {e!r}") from None

@@ -87,6 +87,11 @@ class ChunkResult:
     state: pa.Table | None = None
     state_upto: int | None = None
     stats: dict = field(default_factory=dict)
+    #: the query failed (integer overflow, an engine error): a one-line reason, safe to show its owner.
+    #: ``rows`` then hold its output for the instants before ``error_ts`` only, and the query stops at
+    #: ``error_ts`` (the first instant whose evaluation failed); ``state`` is None.
+    error: str | None = None
+    error_ts: int | None = None
 
 
 def legacy_mode(cq) -> LegacyMode:

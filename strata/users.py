@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from argon2 import PasswordHasher
@@ -21,7 +21,13 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 
 from .lattice import Lattice, LevelError
 
-__all__ = ["UserStore", "User", "Principal", "AuthError", "UserError", "principals"]
+__all__ = ["UserStore", "User", "Principal", "AuthError", "UserError", "principals", "check_roles", "ROLES", "DEFAULT_ROLES"]
+
+#: what a session may do at its level, besides reading what its level dominates:
+#: ``producer`` ingest, advance, finish; ``analyst`` register, subscribe to and cancel its own
+#: queries; ``operator`` cluster status (workers, loads, timings, counters) and finish
+ROLES = ("producer", "analyst", "operator")
+DEFAULT_ROLES = frozenset({"analyst"})
 
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _FORMAT = 1
@@ -46,6 +52,7 @@ class User:
     hash: str
     #: wall-clock time (epoch seconds); sessions created before it are ended (``strata users logout``)
     sessions_after: float = 0.0
+    roles: frozenset = DEFAULT_ROLES
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Principal:
 
     user: str
     level: str
+    roles: frozenset = field(default=frozenset(), compare=False)
 
     def __str__(self) -> str:
         return f"{self.user}.{self.level}"
@@ -62,6 +70,19 @@ class Principal:
 def principals(user: User, lattice: Lattice) -> list[Principal]:
     """All principals of a user: one per level its clearance dominates (Table 4.1)."""
     return [Principal(user.name, lv) for lv in lattice.levels if lattice.leq(lv, user.clearance)]
+
+
+def check_roles(roles) -> frozenset:
+    """Roles as a frozenset of :data:`ROLES` names; accepts an iterable or ``"producer,analyst"``."""
+    if isinstance(roles, str):
+        roles = [r.strip() for r in roles.split(",") if r.strip()]
+    out = frozenset(str(r).strip().lower() for r in roles)
+    bad = sorted(out - set(ROLES))
+    if bad:
+        raise UserError(f"unknown role(s) {', '.join(bad)} (roles: {', '.join(ROLES)})")
+    if not out:
+        raise UserError(f"give at least one role ({', '.join(ROLES)})")
+    return out
 
 
 class UserStore:
@@ -79,12 +100,13 @@ class UserStore:
             raise UserError(f"{self.path}: unreadable users file: {e}") from None
         users = {}
         for name, rec in data.get("users", {}).items():
-            users[name] = User(name, rec["clearance"], rec["hash"], float(rec.get("sessions_after", 0.0)))
+            users[name] = User(name, rec["clearance"], rec["hash"], float(rec.get("sessions_after", 0.0)),
+                               frozenset(rec.get("roles", DEFAULT_ROLES)))
         return users
 
     def _save(self, users: dict[str, User]) -> None:
         data = {"format": _FORMAT, "users": {
-            u.name: {"clearance": u.clearance, "hash": u.hash,
+            u.name: {"clearance": u.clearance, "hash": u.hash, "roles": sorted(u.roles),
                      **({"sessions_after": u.sessions_after} if u.sessions_after else {})}
             for u in sorted(users.values(), key=lambda u: u.name)
         }}
@@ -102,7 +124,9 @@ class UserStore:
         os.chmod(self.path, 0o600)
 
     # -- administration ------------------------------------------------------------
-    def add(self, name: str, clearance: str, password: str, replace: bool = False) -> User:
+    def add(self, name: str, clearance: str, password: str, replace: bool = False,
+            roles=None) -> User:
+        """``roles``: some of :data:`ROLES` (default: ``analyst``; a replaced user keeps theirs)."""
         if not _NAME.fullmatch(name or ""):
             raise UserError(f"user name {name!r} must be 1-64 characters of letters, digits, _ . @ -")
         try:
@@ -116,8 +140,11 @@ class UserStore:
         users = self.load()
         if name in users and not replace:
             raise UserError(f"user {name!r} already exists (use --replace to change it)")
+        if roles is None:
+            roles = users[name].roles if name in users else DEFAULT_ROLES
+        roles = check_roles(roles)
         # replacing a user (a new password) ends the sessions opened with the old one
-        users[name] = User(name, clearance, _HASHER.hash(password), time.time() if name in users else 0.0)
+        users[name] = User(name, clearance, _HASHER.hash(password), time.time() if name in users else 0.0, roles)
         self._save(users)
         return users[name]
 
@@ -135,7 +162,7 @@ class UserStore:
         if name not in users:
             raise UserError(f"no user {name!r}")
         u = users[name]
-        users[name] = User(u.name, u.clearance, u.hash, max(time.time(), u.sessions_after))
+        users[name] = User(u.name, u.clearance, u.hash, max(time.time(), u.sessions_after), u.roles)
         self._save(users)
         return users[name]
 
@@ -147,7 +174,17 @@ class UserStore:
             clearance = self.lattice.parse(clearance)
         except LevelError as e:
             raise UserError(f"clearance: {e}") from None
-        users[name] = User(name, clearance, users[name].hash, users[name].sessions_after)
+        users[name] = User(name, clearance, users[name].hash, users[name].sessions_after, users[name].roles)
+        self._save(users)
+        return users[name]
+
+    def set_roles(self, name: str, roles) -> User:
+        """Replace a user's roles; running masters apply the change to open sessions within a second."""
+        users = self.load()
+        if name not in users:
+            raise UserError(f"no user {name!r}")
+        u = users[name]
+        users[name] = User(u.name, u.clearance, u.hash, u.sessions_after, check_roles(roles))
         self._save(users)
         return users[name]
 
@@ -162,11 +199,11 @@ class UserStore:
         if user is None:
             raise AuthError("login failed: unknown user or wrong password")
         if level is None:
-            return Principal(user.name, user.clearance)
+            return Principal(user.name, user.clearance, user.roles)
         try:
             lv = self.lattice.parse(level)
         except LevelError as e:
             raise AuthError(f"login failed: {e}") from None
         if not self.lattice.leq(lv, user.clearance):
             raise AuthError(f"login failed: {name} may not log in at level {lv}")
-        return Principal(user.name, lv)
+        return Principal(user.name, lv, user.roles)
