@@ -1,7 +1,8 @@
 """The ``strata`` command line.
 
-Exit codes: 0 success; 1 operational error (bad config, I/O); 2 rejected
-query or bad usage; 3 failed login.
+Exit codes: 0 success; 1 operational error (bad config, I/O) and a query
+literal beyond a limit (``strata explain``); 2 rejected query or bad usage;
+3 failed login.
 """
 
 from __future__ import annotations
@@ -47,29 +48,51 @@ def cmd_users_add(args) -> int:
 
     cfg = _config(args)
     store = UserStore(cfg.users_path, cfg.lattice)
+    roles = _roles(args.roles) if args.roles is not None else None
     password = _read_password(confirm=True)
     try:
-        user = store.add(args.name, args.clearance, password, replace=args.replace)
+        user = store.add(args.name, args.clearance, password, replace=args.replace, roles=roles)
     except UserError as e:
         raise CliError(str(e), EXIT_REJECTED) from None
-    print(f"user {user.name} (clearance {user.clearance}) stored in {store.path}", file=sys.stderr)
+    print(f"user {user.name} (clearance {user.clearance}, roles {', '.join(sorted(user.roles))}) "
+          f"stored in {store.path}", file=sys.stderr)
     return EXIT_OK
 
 
+def _roles(text: str) -> frozenset:
+    from .users import UserError, check_roles
+
+    try:
+        return check_roles(text)
+    except UserError as e:
+        raise CliError(f"--roles: {e}", EXIT_REJECTED) from None
+
+
 def cmd_users_list(args) -> int:
-    from .users import UserStore, principals
+    from .users import UserError, UserStore, principals
 
     cfg = _config(args)
     store = UserStore(cfg.users_path, cfg.lattice)
-    users = store.load()
+    try:
+        users = store.load()
+    except UserError as e:
+        raise CliError(str(e)) from None
+    rows = []
+    for u in users.values():
+        row = {"name": u.name, "clearance": u.clearance, "roles": sorted(u.roles),
+               "principals": [p.level for p in principals(u, cfg.lattice)]}
+        if u.name in store.problems:
+            row["problem"] = store.problems[u.name]
+        rows.append(row)
     if args.json:
-        print(json.dumps([
-            {"name": u.name, "clearance": u.clearance, "principals": [p.level for p in principals(u, cfg.lattice)]}
-            for u in users.values()
-        ]))
-    else:
-        for u in users.values():
-            print(f"{u.name}\t{u.clearance}\t{', '.join(str(p) for p in principals(u, cfg.lattice))}")
+        print(json.dumps(rows, ensure_ascii=False))
+        return EXIT_OK
+    for r in rows:
+        if "problem" in r:
+            print(f"{r['name']}\t(no access: {r['problem']})")
+            continue
+        names = ", ".join(f"{r['name']}.{lv}" for lv in r["principals"])
+        print(f"{r['name']}\t{r['clearance']}\t{','.join(r['roles'])}\t{names}")
     return EXIT_OK
 
 
@@ -98,6 +121,13 @@ def cmd_users_set_clearance(args) -> int:
     return EXIT_OK
 
 
+def cmd_users_set_roles(args) -> int:
+    u = _users_change(args, "set_roles", _roles(args.roles))
+    print(f"user {u.name} now has roles {', '.join(sorted(u.roles))}; running masters apply it to open sessions "
+          f"within a second", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_users_logout(args) -> int:
     _users_change(args, "end_sessions")
     print(f"sessions of {args.name} end on every master within a second (their open result streams stop with "
@@ -108,7 +138,7 @@ def cmd_users_logout(args) -> int:
 
 # ---- explain ----------------------------------------------------------------------
 def cmd_explain(args) -> int:
-    from .mlscql import QueryError, compile_query
+    from .mlscql import LimitError, QueryError, compile_query
 
     cfg = _config(args)
     specs = _explain_queries(args)
@@ -120,7 +150,8 @@ def cmd_explain(args) -> int:
             compiled.append(compile_query(text, cfg, level))
         except QueryError as e:
             prefix = f"query {len(compiled) + 1}: " if len(specs) > 1 else ""
-            raise CliError(prefix + str(e).replace("\n", " "), EXIT_REJECTED) from None
+            code = EXIT_ERROR if isinstance(e, LimitError) else EXIT_REJECTED
+            raise CliError(prefix + str(e).replace("\n", " "), code) from None
     if len(compiled) == 1 and not args.sharing:
         cq = compiled[0]
         if args.json:
@@ -178,10 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     ua.add_argument("--config", required=True)
     ua.add_argument("--name", required=True)
     ua.add_argument("--clearance", required=True, help="highest level the user may log in at")
+    ua.add_argument("--roles", metavar="R1,R2",
+                    help="comma-separated roles: producer (ingest), analyst (queries), operator (cluster status); "
+                         "default analyst, or the old roles with --replace")
     ua.add_argument("--replace", action="store_true",
                     help="replace an existing user (a new password ends the sessions opened with the old one)")
     ua.set_defaults(func=cmd_users_add)
-    ul = usub.add_parser("list", help="list users and their principals")
+    us = usub.add_parser("set-roles", help="replace a user's roles (masters apply it within a second)")
+    us.add_argument("--config", required=True)
+    us.add_argument("--name", required=True)
+    us.add_argument("--roles", required=True, metavar="R1,R2", help="comma-separated: producer, analyst, operator")
+    us.set_defaults(func=cmd_users_set_roles)
+    ul = usub.add_parser("list", help="list users, roles and principals (and entries that give no access)")
     ul.add_argument("--config", required=True)
     ul.add_argument("--json", action="store_true")
     ul.set_defaults(func=cmd_users_list)

@@ -12,6 +12,10 @@ Example::
     sid = "string"
     bp = "double"
 
+    [limits]                               # optional
+    max_ts = 9007199254740991              # largest accepted tuple timestamp (default 2**53 - 1)
+    advance_horizon = 3600                 # instants a producer may close past the largest ingested one
+
 Errors raise ConfigError naming the file, the key and (when it can be found)
 the line.
 """
@@ -26,14 +30,19 @@ from typing import Any
 
 from .lattice import ChineseWall, Lattice, TotalOrder
 
-__all__ = ["Config", "ConfigError", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "load_config", "parse_config"]
+__all__ = [
+    "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING",
+    "load_config", "parse_config",
+]
 
 #: attribute types a stream may declare
 TYPES = ("string", "double", "long", "boolean", "timestamp")
 #: system attributes every stream has: readable in queries, never writable
 SYSTEM_COLUMNS = {"ts": "long", "level": "level"}
 #: top-level sections; sections beyond lattice/time/streams belong to the cluster
-KNOWN_SECTIONS = ("lattice", "time", "streams", "cluster", "groups", "tls", "security", "sharing")
+KNOWN_SECTIONS = ("lattice", "time", "streams", "limits", "cluster", "groups", "tls", "security", "sharing")
+#: ``[limits]`` values stay below this, so a timestamp plus a RANGE length or a horizon fits a signed 64-bit long
+MAX_TS_CEILING = 2**62 - 1
 
 
 class ConfigError(ValueError):
@@ -56,12 +65,23 @@ class StreamSchema:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """``[limits]``: bounds every level group applies to what users send."""
+
+    #: largest accepted tuple timestamp; also the longest RANGE window, in instants
+    max_ts: int = 2**53 - 1
+    #: how far past the largest ingested instant a producer may close instants
+    advance_horizon: int = 3600
+
+
+@dataclass(frozen=True)
 class Config:
     lattice: Lattice
     streams: dict[str, StreamSchema]
     instant_seconds: float = 1.0
     path: Path | None = None
     sections: dict[str, Any] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
 
     def stream(self, name: str) -> StreamSchema | None:
         """Case-insensitive stream lookup (CQL keywords and names are case-insensitive)."""
@@ -181,8 +201,10 @@ def parse_config(text: str, path: Path | None = None) -> Config:
             out.append((col, typ))
         streams[sname] = StreamSchema(sname, tuple(out))
 
-    rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams")}
-    cfg = Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest)
+    limits = _limits(data.get("limits", {}), err)
+    rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams", "limits")}
+    cfg = Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest,
+                 limits=limits)
     from .cpusets import check_disjoint  # [groups."L"] cpus: disjoint per level (existence is checked when pinning)
 
     check_disjoint(cfg, check_exist=False)
@@ -190,6 +212,18 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0}
+
+
+def _limits(raw: Any, err) -> Limits:
+    if not isinstance(raw, dict):
+        raise err("limits", None, "must be a table")
+    for k, v in raw.items():
+        if k not in _LIMIT_MIN:
+            raise err("limits", k, "unknown key (expected max_ts or advance_horizon)")
+        if isinstance(v, bool) or not isinstance(v, int) or not _LIMIT_MIN[k] <= v <= MAX_TS_CEILING:
+            raise err("limits", k, f"must be an integer from {_LIMIT_MIN[k]} to {MAX_TS_CEILING} (2**62 - 1)")
+    return Limits(**raw)
 
 
 def _line_of(text: str, section: str, key: str | None) -> int | None:

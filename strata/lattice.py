@@ -16,10 +16,14 @@ from abc import ABC, abstractmethod
 from functools import cached_property
 from typing import Iterable
 
-__all__ = ["Lattice", "TotalOrder", "ChineseWall", "LevelError", "BOTTOM", "TOP"]
+__all__ = ["Lattice", "TotalOrder", "ChineseWall", "LevelError", "BOTTOM", "TOP", "BOTTOM_ALIASES", "TOP_ALIASES"]
 
 BOTTOM = "⊥"
 TOP = "T"
+#: how a Chinese Wall component may spell ⊥ and T; none of them (in any case) may name a company
+BOTTOM_ALIASES = (BOTTOM, "0", "_|_", "bot")
+TOP_ALIASES = (TOP, "⊤")
+_RESERVED = frozenset(a.casefold() for a in BOTTOM_ALIASES + TOP_ALIASES)
 _MAX_MASK_BITS = 63
 
 
@@ -47,7 +51,8 @@ class Lattice(ABC):
 
     @abstractmethod
     def leq(self, a: str, b: str) -> bool:
-        """``a ≤ b``: ``b`` dominates ``a``."""
+        """``a ≤ b``: ``b`` dominates ``a``.  ``None`` (no level, e.g. a users-file entry whose
+        clearance is unknown) dominates nothing and is dominated by nothing."""
 
     @abstractmethod
     def lub(self, a: str, b: str) -> str: ...
@@ -130,6 +135,8 @@ class TotalOrder(Lattice):
         return self._levels[-1]
 
     def leq(self, a: str, b: str) -> bool:
+        if a is None or b is None:
+            return False
         return self._rank[a] <= self._rank[b]
 
     def lub(self, a: str, b: str) -> str:
@@ -166,10 +173,14 @@ class ChineseWall(Lattice):
             if not cls:
                 raise ValueError(f"COI class {k} is empty")
             for c in cls:
-                if c in (BOTTOM, TOP, "0", "") or not _is_company(c):
+                if c.casefold() in _RESERVED:
                     raise ValueError(
-                        f"company name {c!r} in COI class {k} is reserved or invalid "
-                        "(use letters/digits; '0', 'T' and '⊥' are reserved)"
+                        f"company name {c!r} in COI class {k} is reserved: levels spell ⊥ as "
+                        f"{', '.join(BOTTOM_ALIASES)} and T as {', '.join(TOP_ALIASES)} (in any case)"
+                    )
+                if not _is_company(c):
+                    raise ValueError(
+                        f"company name {c!r} in COI class {k} is invalid (use letters, digits, _ and -)"
                     )
             if len(set(cls)) != len(cls):
                 dup = next(c for c in cls if cls.count(c) > 1)
@@ -216,6 +227,8 @@ class ChineseWall(Lattice):
         return self._join(TOP for _ in self.coi)
 
     def leq(self, a: str, b: str) -> bool:
+        if a is None or b is None:
+            return False
         return all(x == y or x == BOTTOM or y == TOP for x, y in zip(_split_vector(a), _split_vector(b)))
 
     def lub(self, a: str, b: str) -> str:
@@ -233,9 +246,9 @@ class ChineseWall(Lattice):
             raise LevelError(f"level {t!r} has {len(parts)} components; the lattice has {len(self.coi)} COI classes")
         out = []
         for k, (p, cls) in enumerate(zip(parts, self.coi), 1):
-            if p in ("0", BOTTOM, "_|_", "bot"):
+            if p in BOTTOM_ALIASES:
                 out.append(BOTTOM)
-            elif p in (TOP, "⊤"):
+            elif p in TOP_ALIASES:
                 out.append(TOP)
             elif p in cls:
                 out.append(p)

@@ -1,4 +1,5 @@
-"""`strata users` and `strata explain` as a user runs them (subprocesses)."""
+"""`strata users` and `strata explain` as a user runs them (subprocesses, then in process through
+``strata.cli.main``)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def test_users_add_reads_stdin_and_stores_hash(cfg):
     assert stat.S_IMODE(users.stat().st_mode) == 0o600
     assert "s3cret" not in users.read_text()
     r = strata("users", "list", "--config", str(cfg), "--json")
-    assert json.loads(r.stdout) == [{"name": "jane", "clearance": "TS", "principals": ["U", "C", "S", "TS"]}]
+    assert json.loads(r.stdout) == [
+        {"name": "jane", "clearance": "TS", "roles": ["analyst"], "principals": ["U", "C", "S", "TS"]}
+    ]
     r = strata("users", "add", "--config", str(cfg), "--name", "jane", "--clearance", "TS", input="x\n")
     assert r.returncode == 2 and "already exists" in r.stderr
 
@@ -107,3 +110,90 @@ def test_users_logout_and_other_switches(cfg):
     assert strata("users", "set-clearance", "--config", str(cfg), "--name", "jane", "--clearance", "X").returncode == 2
     assert strata("users", "remove", "--config", str(cfg), "--name", "jane").returncode == 0
     assert json.loads(strata("users", "list", "--config", str(cfg), "--json").stdout) == []
+
+
+# ---- in process: `strata.cli.main` with the password on stdin ----------------------------------
+def run(argv, capsys, monkeypatch, stdin=""):
+    import io
+
+    from strata.cli import main
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_users_roles_add_replace_set_and_list(cfg, capsys, monkeypatch):
+    c = ["--config", str(cfg)]
+    code, _, err = run(["users", "add", *c, "--name", "ann", "--clearance", "S"], capsys, monkeypatch, "pw\n")
+    assert code == 0 and "roles analyst" in err
+    code, _, err = run(["users", "add", *c, "--name", "pat", "--clearance", "TS", "--roles", "producer,operator"],
+                       capsys, monkeypatch, "pw\n")
+    assert code == 0 and "roles operator, producer" in err
+    # --replace without --roles keeps the old roles
+    code, _, _ = run(["users", "add", *c, "--name", "pat", "--clearance", "C", "--replace"], capsys, monkeypatch, "pw2\n")
+    assert code == 0
+    code, out, _ = run(["users", "list", *c, "--json"], capsys, monkeypatch)
+    assert {u["name"]: u["roles"] for u in json.loads(out)} == {"ann": ["analyst"], "pat": ["operator", "producer"]}
+    code, _, err = run(["users", "set-roles", *c, "--name", "ann", "--roles", "Analyst, producer"], capsys, monkeypatch)
+    assert code == 0
+    assert err.count("\n") == 1 and "now has roles analyst, producer" in err and "within a second" in err
+    code, out, _ = run(["users", "list", *c], capsys, monkeypatch)
+    assert out.splitlines() == ["ann\tS\tanalyst,producer\tann.U, ann.C, ann.S", "pat\tC\toperator,producer\tpat.U, pat.C"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["users", "add", "--name", "bob", "--clearance", "S", "--roles", "analyst,admin"],
+    ["users", "set-roles", "--name", "ann", "--roles", "root"],
+    ["users", "set-roles", "--name", "ann", "--roles", ","],
+])
+def test_users_unknown_role_is_one_line_exit_2(cfg, capsys, monkeypatch, argv):
+    run(["users", "add", "--config", str(cfg), "--name", "ann", "--clearance", "S"], capsys, monkeypatch, "pw\n")
+    code, out, err = run([*argv, "--config", str(cfg)], capsys, monkeypatch, "pw\n")
+    assert code == 2 and out == ""
+    assert err.startswith("strata: --roles: ") and err.count("\n") == 1
+    assert "unknown role" in err or "at least one role" in err
+
+
+def test_users_list_shows_entries_without_access(cfg, capsys, monkeypatch):
+    run(["users", "add", "--config", str(cfg), "--name", "ann", "--clearance", "S"], capsys, monkeypatch, "pw\n")
+    path = cfg.with_name("battle.users.json")
+    data = json.loads(path.read_text())
+    data["users"]["old"] = {"clearance": "Secret", "hash": data["users"]["ann"]["hash"], "roles": ["analyst"]}
+    path.write_text(json.dumps(data))
+    code, out, _ = run(["users", "list", "--config", str(cfg)], capsys, monkeypatch)
+    assert code == 0
+    assert out.splitlines() == [
+        "ann\tS\tanalyst\tann.U, ann.C, ann.S",
+        "old\t(no access: clearance: unknown level 'Secret' (levels: U, C, S, TS))",
+    ]
+    code, out, _ = run(["users", "list", "--config", str(cfg), "--json"], capsys, monkeypatch)
+    old = json.loads(out)[1]
+    assert old == {"name": "old", "clearance": None, "roles": ["analyst"], "principals": [],
+                   "problem": "clearance: unknown level 'Secret' (levels: U, C, S, TS)"}
+    assert "$argon2" not in out
+    path.write_text("{broken")
+    code, out, err = run(["users", "list", "--config", str(cfg)], capsys, monkeypatch)
+    assert code == 1 and out == "" and "unreadable users file" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("SELECT bp FROM Vitals [RANGE 99999999999999999999 days]", "limit error: window of Vitals: RANGE"),
+    ("SELECT bp FROM Vitals [ROWS 0]", "limit error: window of Vitals: ROWS 0"),
+    ("SELECT bp FROM Vitals WHERE bp > 123456789012345678901234567890123456789012345", "limit error: WHERE"),
+    ("SELECT bp FROM Vitals WHERE bp > 1e400", "limit error: WHERE: a decimal literal"),
+    ("SELECT bp FROM Vitals WHERE bp > " + "9" * 20000, "limit error: WHERE: a number written with 20000"),
+])
+def test_explain_limit_errors_exit_1_one_line(cfg, capsys, monkeypatch, query, fragment):
+    code, out, err = run(["explain", "--config", str(cfg), "--level", "S", query], capsys, monkeypatch)
+    assert code == 1 and out == ""
+    assert err.startswith("strata: " + fragment) and err.count("\n") == 1 and len(err) < 300
+
+
+def test_explain_authorization_is_still_exit_2(cfg, capsys, monkeypatch):
+    code, _, err = run(["explain", "--config", str(cfg), "--level", "S",
+                        "SELECT bp FROM Vitals WHERE level DOMINATED BY TS"], capsys, monkeypatch)
+    assert code == 2
+    assert err == ("strata: authorization error: WHERE condition names level TS, which the query level S "
+                   "does not dominate\n")

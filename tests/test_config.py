@@ -85,3 +85,35 @@ def test_sharing_section_is_checked():
     for bad, msg in (('enabled = "no"', "true or false"), ('mode = "shared"', "replicated"), ("x = 1", "unknown key")):
         with pytest.raises(ConfigError, match=msg):
             parse_config(BATTLEFIELD_TOML + f"\n[sharing]\n{bad}\n")
+
+
+# ---- [limits] ------------------------------------------------------------------------------
+def test_limits_defaults_and_values():
+    from strata.examples import BATTLEFIELD_TOML
+
+    d = parse_config(BATTLEFIELD_TOML).limits
+    assert (d.max_ts, d.advance_horizon) == (2**53 - 1, 3600)
+    cfg = parse_config(BATTLEFIELD_TOML + "\n[limits]\nmax_ts = 1_000_000\nadvance_horizon = 0\n")
+    assert (cfg.limits.max_ts, cfg.limits.advance_horizon) == (1_000_000, 0)
+    assert "limits" not in cfg.sections
+    assert parse_config(BATTLEFIELD_TOML + "\n[limits]\nadvance_horizon = 60\n").limits.max_ts == 2**53 - 1
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ("max_ts = 0", ":4: [limits] max_ts: must be an integer from 1 to 4611686018427387903"),
+        ("max_ts = 4611686018427387904", ":4: [limits] max_ts: must be an integer"),
+        ("max_ts = 1.5", ":4: [limits] max_ts: must be an integer"),
+        ("max_ts = true", ":4: [limits] max_ts: must be an integer"),
+        ('max_ts = "9"', ":4: [limits] max_ts: must be an integer"),
+        ("advance_horizon = -1", ":4: [limits] advance_horizon: must be an integer from 0"),
+        ("max_rows = 3", ":4: [limits] max_rows: unknown key (expected max_ts or advance_horizon)"),
+    ],
+)
+def test_limits_errors_name_line_and_key(body, fragment):
+    with pytest.raises(ConfigError) as e:
+        parse_config(f'[lattice]\nlevels = ["U"]\n[limits]\n{body}\n')
+    assert fragment in str(e.value)
+    with pytest.raises(ConfigError, match=r"\[limits\]: must be a table"):
+        parse_config('limits = 3\n[lattice]\nlevels = ["U"]\n')

@@ -6,6 +6,7 @@ import pytest
 
 from strata.mlscql import (
     AuthorizationError,
+    LimitError,
     OptimizationError,
     ParseError,
     QueryError,
@@ -190,7 +191,8 @@ def test_paper_spellings_accepted(battlefield, text):
         ("SELECT bp FROM Vitals WHERE level < S", SemanticError, "DOMINATED BY"),
         ("SELECT bp FROM Vitals [ROWS 3 level in {X}]", SemanticError, "unknown level"),
         ("SELECT bp AS x, pr AS x FROM Vitals", SemanticError, "twice"),
-        ("SELECT bp FROM Vitals [ROWS 0]", ParseError, "positive"),
+        ("SELECT bp FROM Vitals [ROWS 0]", LimitError, "window of Vitals: ROWS 0: a window holds 1 to"),
+        ("SELECT bp FROM Vitals [RANGE 0 seconds]", LimitError, "window of Vitals: RANGE 0 seconds spans no instant"),
         ("SELECT bp FRM Vitals", ParseError, "FRM"),
         ("SELECT bp FROM Vitals [ROWS 3 sid in {a}]", ParseError, "level"),
         ("", ParseError, "empty"),

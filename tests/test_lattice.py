@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.lattice import ChineseWall, LevelError, TotalOrder
+from strata.lattice import BOTTOM_ALIASES, TOP_ALIASES, ChineseWall, LevelError, TotalOrder
 
 
 # ---- strategies ------------------------------------------------------------------
@@ -141,3 +141,48 @@ def test_total_order_rejects_bad_levels(bad):
 def test_chinese_wall_rejects_bad_classes(bad):
     with pytest.raises(ValueError):
         ChineseWall(bad)
+
+
+# ---- reserved company names (issue 12: a company named `bot` parsed as ⊥) -------------------------
+RESERVED = sorted({v for a in BOTTOM_ALIASES + TOP_ALIASES for v in (a, a.upper(), a.lower(), a.capitalize())})
+
+
+@pytest.mark.parametrize("name", RESERVED + ["Bot", "bOt", "t"])
+def test_chinese_wall_refuses_reserved_company_names(name):
+    with pytest.raises(ValueError, match="reserved"):
+        ChineseWall([["1", "2"], ["A", name]])
+
+
+@pytest.mark.parametrize("name", ["bot", "BOT", "T", "t", "0", "_|_", "⊥", "⊤"])
+def test_config_load_refuses_reserved_company_names(name):
+    from strata.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as e:
+        parse_config(f'[lattice]\ncoi = [["1", "2"], ["A", "{name}"]]\n')
+    assert ":2: [lattice] coi: company name" in str(e.value) and "reserved" in str(e.value)
+
+
+def test_every_bottom_and_top_alias_is_reserved():
+    """Whatever ``parse`` maps to ⊥ or T can never also be a company (the two rules share one list)."""
+    lat = ChineseWall([["A", "B"]])
+    for alias in BOTTOM_ALIASES:
+        assert lat.parse(f"[{alias}]") == lat.bottom
+    for alias in TOP_ALIASES:
+        assert lat.parse(f"[{alias}]") == lat.top
+
+
+@given(st.from_regex(r"[A-Za-z0-9_-]{1,6}", fullmatch=True))
+def test_an_accepted_company_is_never_bottom_or_top(name):
+    try:
+        lat = ChineseWall([[name]])
+    except ValueError:
+        return
+    level = lat.parse(f"[{name}]")
+    assert level == f"[{name}]" and level not in (lat.bottom, lat.top)
+    assert not lat.leq(f"[{name}]", lat.bottom) and not lat.leq(lat.top, f"[{name}]")
+
+
+def test_no_level_dominates_nothing():
+    for lat in (TotalOrder(["U", "S"]), ChineseWall([["A", "B"]])):
+        for lv in lat.levels:
+            assert not lat.leq(lv, None) and not lat.leq(None, lv)

@@ -67,3 +67,134 @@ def test_admin_errors(store):
     store.remove("ann")
     with pytest.raises(UserError):
         store.remove("ann")
+
+
+# ---- roles -----------------------------------------------------------------------------------
+def test_roles_default_replace_and_set(store):
+    from strata.users import DEFAULT_ROLES
+
+    assert store.add("ann", "S", "pw").roles == DEFAULT_ROLES == {"analyst"}
+    assert store.add("bob", "S", "pw", roles="producer, operator").roles == {"producer", "operator"}
+    assert store.add("bob", "C", "pw2", replace=True).roles == {"producer", "operator"}  # kept
+    assert store.set_roles("bob", ["analyst"]).roles == {"analyst"}
+    assert store.authenticate("bob", "pw2", "C").roles == {"analyst"}
+    with pytest.raises(UserError, match="unknown role"):
+        store.set_roles("bob", "admin")
+    with pytest.raises(UserError, match="at least one role"):
+        store.add("cy", "S", "pw", roles="")
+
+
+# ---- a broken entry never stops the others (issue 12) -------------------------------------------
+def _write(store, users: dict):
+    store.path.write_text(json.dumps({"format": 1, "users": users}))
+
+
+@pytest.fixture
+def mixed(store, battlefield):
+    """A users file with one good user and one broken entry of each kind."""
+    store.add("good", "S", "pw-good")
+    h = json.loads(store.path.read_text())["users"]["good"]["hash"]
+    _write(store, {
+        "good": {"clearance": "S", "hash": h, "roles": ["analyst"]},
+        "secret": {"clearance": "Secret", "hash": h, "roles": ["analyst"]},
+        "nohash": {"clearance": "S"},
+        "numhash": {"clearance": "S", "hash": 42},
+        "junkhash": {"clearance": "S", "hash": "not-an-argon2-hash"},
+        "badroles": {"clearance": "S", "hash": h, "roles": ["admin"]},
+        "strroles": {"clearance": "S", "hash": h, "roles": "analyst"},
+        "notobj": ["S", h],
+        "noclear": {"hash": h},
+        "badafter": {"clearance": "S", "hash": h, "sessions_after": "yesterday"},
+        "swapped": {"clearance": h, "hash": "S"},
+    })
+    return store, h
+
+
+BROKEN = {
+    "secret": "clearance: unknown level 'Secret'",
+    "nohash": "no password hash",
+    "numhash": "the password hash is not a string",
+    "junkhash": "the password hash is not an argon2 hash",
+    "badroles": "roles: unknown role(s) admin",
+    "strroles": "roles: must be a list of role names",
+    "notobj": "the entry is not an object",
+    "noclear": "no clearance",
+    "badafter": "sessions_after is not a number",
+    "swapped": "the clearance is not a level of the lattice; the password hash is not an argon2 hash",
+}
+
+
+def test_broken_entries_load_without_access(mixed, battlefield, caplog):
+    store, h = mixed
+    with caplog.at_level("WARNING", logger="strata.users"):
+        users = store.load()
+    assert set(users) == {"good", *BROKEN}
+    assert users["good"].clearance == "S" and "good" not in store.problems
+    for name, reason in BROKEN.items():
+        assert users[name].clearance is None, name
+        assert users[name].name == name
+        assert reason in store.problems[name], (name, store.problems[name])
+        assert principals(users[name], battlefield.lattice) == []
+        # what master code does today must not blow up on a broken entry: no level is dominated
+        assert not battlefield.lattice.leq("U", users[name].clearance)
+    logged = [r.getMessage() for r in caplog.records if r.name == "strata.users"]
+    assert len(logged) == len(BROKEN)
+    for name in BROKEN:
+        assert any(repr(name) in m and store.problems[name] in m for m in logged)
+    assert not any(h in m or "$argon2" in m for m in logged)
+    store.load()  # the same problems are logged once per store
+    assert len([r for r in caplog.records if r.name == "strata.users"]) == len(BROKEN)
+
+
+def test_broken_entries_cannot_log_in_and_cost_the_same(mixed, monkeypatch):
+    import strata.users as users_mod
+
+    store, _ = mixed
+    assert store.authenticate("good", "pw-good", "S").level == "S"
+    calls = []
+    real = users_mod._HASHER
+
+    class Spy:
+        def verify(self, h, pw):
+            calls.append(h)
+            return real.verify(h, pw)
+
+    monkeypatch.setattr(users_mod, "_HASHER", Spy())
+    messages = set()
+    for name in [*BROKEN, "nobody"]:
+        with pytest.raises(AuthError) as e:
+            store.authenticate(name, "pw-good", "S")  # even with the right password
+        messages.add(str(e.value))
+    with pytest.raises(AuthError) as e:
+        store.authenticate("good", "wrong", "S")
+    messages.add(str(e.value))
+    assert messages == {"login failed: unknown user or wrong password"}
+    # one full argon2 verification each, against a hash with the same parameters as a real one
+    assert len(calls) == len(BROKEN) + 2
+    assert calls[:-1] == [users_mod._DUMMY_HASH] * (len(BROKEN) + 1)
+
+
+def test_whole_file_not_a_users_file_still_raises(store):
+    for text in ("{not json", "[1, 2]", '{"users": [1]}', "\xff\xfe"):
+        store.path.write_text(text, encoding="latin-1")
+        with pytest.raises(UserError, match="users file"):
+            store.load()
+
+
+def test_changes_keep_broken_entries_as_they_were(mixed):
+    store, h = mixed
+    before = json.loads(store.path.read_text())["users"]
+    store.add("new", "C", "pw-new")
+    after = json.loads(store.path.read_text())["users"]
+    assert {k: after[k] for k in BROKEN} == {k: before[k] for k in BROKEN}
+    # fixing a broken entry's clearance gives access back (its hash was fine)
+    assert store.set_clearance("secret", "C").clearance == "C"
+    assert store.authenticate("secret", "pw-good", "C").level == "C"
+    # changing roles of an entry whose clearance is still broken keeps the broken clearance on disk
+    store.set_roles("noclear", "producer")
+    rec = json.loads(store.path.read_text())["users"]["noclear"]
+    assert rec == {"hash": h, "roles": ["producer"]}
+    assert store.load()["noclear"].clearance is None
+    # a new password for an entry with bad roles gets the default role
+    assert store.add("badroles", "S", "pw-b", replace=True).roles == {"analyst"}
+    assert store.authenticate("badroles", "pw-b", "S").level == "S"

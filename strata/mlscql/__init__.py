@@ -1,20 +1,13 @@
-"""MLS-CQL front end: parse, analyze, authorize, rewrite, optimize."""
+"""MLS-CQL front end: parse, bound, analyze, authorize, rewrite, optimize."""
 
-from .analyze import (
-    AuthorizationError,
-    CompiledQuery,
-    ItemInfo,
-    OptimizationError,
-    OutputColumn,
-    SemanticError,
-    analyze,
-    compile_query,
-)
-from .parser import ParseError, QueryError, parse
+from .analyze import CompiledQuery, ItemInfo, OutputColumn, analyze, compile_query
+from .authorize import authorize, may_read
+from .errors import AuthorizationError, LimitError, OptimizationError, ParseError, QueryError, SemanticError
+from .parser import parse
 from .printer import expr_text, to_text
 
 __all__ = [
-    "AuthorizationError", "CompiledQuery", "ItemInfo", "OptimizationError", "OutputColumn",
-    "ParseError", "QueryError", "SemanticError", "analyze", "compile_query", "expr_text",
-    "parse", "to_text",
+    "AuthorizationError", "CompiledQuery", "ItemInfo", "LimitError", "OptimizationError", "OutputColumn",
+    "ParseError", "QueryError", "SemanticError", "analyze", "authorize", "compile_query", "expr_text",
+    "may_read", "parse", "to_text",
 ]

@@ -3,12 +3,14 @@
 ``compile_query(text, config, level)`` runs the whole front end of SEMANTICS.md
 §3-4 and returns a :class:`CompiledQuery`:
 
-1. parse;
+1. parse, and bound every literal (``limits.py``: window sizes, RANGE lengths
+   in instants, 64-bit integers, finite doubles → :class:`LimitError`);
 2. semantic analysis against the declared streams: resolve FROM items and
    columns (every column ends up qualified by its FROM item), decide which
    names are level literals, type-check, check GROUP BY / HAVING;
-3. **authorize** (Alg. 2 with ≤): every level the query names, in a window
-   clause or anywhere in an expression, must be dominated by the query level;
+3. **authorize** (Alg. 2 with ≤, ``authorize.py``): every level the query names,
+   in a window clause or anywhere in an expression, must be dominated by the
+   query level;
 4. **rewrite** (Alg. 3): no window → ``[RANGE UNBOUNDED]``; no level clause →
    ``level in dominated(L)``; a clause is intersected with ``dominated(L)``;
 5. **optimize** (Alg. 4 as corrected): reject disjoint window/WHERE level sets;
@@ -27,27 +29,18 @@ from dataclasses import dataclass, field, replace
 from ..config import Config, StreamSchema
 from ..lattice import LevelError
 from . import ast as A
-from .parser import QueryError, parse
+from .authorize import authorize
+from .errors import AuthorizationError, LimitError, OptimizationError, QueryError, SemanticError
+from .limits import check_query
+from .parser import parse
 from .printer import expr_text, to_text
 
 __all__ = [
-    "CompiledQuery", "ItemInfo", "OutputColumn", "SemanticError", "AuthorizationError",
-    "OptimizationError", "compile_query", "analyze", "NUMERIC",
+    "CompiledQuery", "ItemInfo", "OutputColumn", "QueryError", "LimitError", "SemanticError",
+    "AuthorizationError", "OptimizationError", "compile_query", "analyze", "NUMERIC",
 ]
 
 NUMERIC = ("long", "double", "timestamp")
-
-
-class SemanticError(QueryError):
-    stage = "semantic"
-
-
-class AuthorizationError(QueryError):
-    stage = "authorization"
-
-
-class OptimizationError(QueryError):
-    stage = "optimization"
 
 
 @dataclass(frozen=True)
@@ -136,6 +129,8 @@ class _Analyzer:
 
     # -- driver -----------------------------------------------------------------
     def run(self, q: A.Query, text: str) -> CompiledQuery:
+        limits = self.config.limits
+        check_query(q, limits.max_ts, self.config.instant_seconds)
         items = self._resolve_from(q.from_)
         self.items = items
         from_ = tuple(self._resolve_window(f, it) for f, it in zip(q.from_, items))
@@ -162,7 +157,7 @@ class _Analyzer:
         r2s = q.r2s or ("RSTREAM" if has_agg_in_select else "ISTREAM")
 
         query = A.Query(select, from_, where, group_by, having, q.r2s, q.wrapped)
-        self._authorize(query)
+        authorize(query, self.lat, self.level)
         query = self._rewrite(query)
         query = self._optimize(query)
         return CompiledQuery(text, self.level, query, items, outputs, r2s, is_agg, tuple(self.notes))
@@ -406,29 +401,6 @@ class _Analyzer:
             )
         for child in A.children(e):
             self._check_grouped(child, group_by, ctx)
-
-    # -- authorization (Alg. 2) ------------------------------------------------------
-    def _authorize(self, q: A.Query) -> None:
-        for f in q.from_:
-            w = f.window
-            if w is not None and w.clause is not None:
-                for lv in w.clause.levels:
-                    if lv not in self.dominated:
-                        raise AuthorizationError(
-                            f"window clause of {f.name} names level {lv}, which the query level "
-                            f"{self.level} does not dominate"
-                        )
-        parts = [("WHERE", q.where), ("HAVING", q.having)]
-        parts += [("SELECT", s.expr) for s in q.select or ()]
-        parts += [("GROUP BY", g) for g in q.group_by]
-        for ctx, e in parts:
-            if e is None:
-                continue
-            for x in A.walk(e):
-                if isinstance(x, A.LevelLiteral) and x.text not in self.dominated:
-                    raise AuthorizationError(
-                        f"{ctx} condition names level {x.text}, which the query level {self.level} does not dominate"
-                    )
 
     # -- rewriting (Alg. 3) --------------------------------------------------------
     def _rewrite(self, q: A.Query) -> A.Query:

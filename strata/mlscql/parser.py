@@ -9,25 +9,10 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast as A
+from .errors import ParseError, QueryError
+from .limits import check_number_tokens
 
 __all__ = ["parse", "QueryError", "ParseError"]
-
-
-class QueryError(ValueError):
-    """A query was rejected; ``stage`` is parse, semantic, authorization or optimization."""
-
-    stage = "query"
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.stage} error: {self.message}"
-
-
-class ParseError(QueryError):
-    stage = "parse"
 
 
 _UNITS = {
@@ -105,22 +90,21 @@ class _ToAst(Transformer):
         return spec
 
     def w_rows(self, n):
-        return A.Window("rows", rows=_positive(n, "ROWS"))
+        return A.Window("rows", rows=int(n))
 
     def w_unbounded(self):
         return A.Window("unbounded")
 
     def w_range(self, amount, unit=None):
-        amt = float(amount)
-        if amt <= 0:
-            raise ParseError(f"RANGE needs a positive length, got {amount}")
-        return A.Window("range", range_amount=amt, range_unit=_UNITS[str(unit).lower()] if unit else "seconds")
+        # the length is bounded in instants by the analyzer (limits.py)
+        unit = _UNITS[str(unit).lower()] if unit else "seconds"
+        return A.Window("range", range_amount=float(amount), range_unit=unit)
 
     def w_now(self):
         return A.Window("now")
 
     def w_partition(self, _kw, names, n):
-        return A.Window("partition", rows=_positive(n, "ROWS"), partition_by=names)
+        return A.Window("partition", rows=int(n), partition_by=names)
 
     def w_partition_level(self, _kw, names, cond, n):
         # `[Partition By level in {C} Rows 100]`: partition by level, level clause `in {C}`
@@ -128,7 +112,7 @@ class _ToAst(Transformer):
             raise ParseError(
                 f"a level condition after PARTITION BY must follow the attribute 'level', not {names[-1]!r}"
             )
-        return A.Window("partition", rows=_positive(n, "ROWS"), partition_by=names, clause=cond)
+        return A.Window("partition", rows=int(n), partition_by=names, clause=cond)
 
     def name_list(self, *names):
         return tuple(str(n) for n in names)
@@ -249,13 +233,6 @@ class _ToAst(Transformer):
         return A.LevelLiteral(v)
 
 
-def _positive(tok, what: str) -> int:
-    n = int(tok)
-    if n <= 0:
-        raise ParseError(f"{what} needs a positive count, got {n}")
-    return n
-
-
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
     grammar = resources.files(__package__).joinpath("grammar.lark").read_text(encoding="utf-8")
@@ -284,11 +261,13 @@ def _describe_expected(expected) -> str:
 
 
 def parse(text: str) -> A.Query:
-    """Parse one MLS-CQL query; raises ParseError with line/column on bad input."""
+    """Parse one MLS-CQL query; raises ParseError with line/column on bad input (LimitError for a
+    number written with absurdly many digits; window sizes and values are bounded by the analyzer)."""
     if not isinstance(text, str) or not text.strip():
         raise ParseError("empty query")
     try:
         tree = _parser().parse(text)
+        check_number_tokens(tree)  # before int()/float() meet a number of thousands of digits
         return _ToAst().transform(tree)
     except VisitError as e:
         if isinstance(e.orig_exc, QueryError):
