@@ -38,7 +38,7 @@ from strata.client import Client
 from strata.commands import _alive, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.rpc import strata_pb2 as pb
-from strata.users import UserStore
+from strata.users import ROLES, UserStore
 
 PASSWORD = "bench passphrase, not a secret"
 USER = "bench"
@@ -62,7 +62,8 @@ class BenchCluster:
         self.levels = [self.cfg.lattice.parse(lv) for lv in levels]
         self.level = self.levels[0]
         top = clearance or self.cfg.lattice.top
-        UserStore(self.cfg.users_path, self.cfg.lattice).add(USER, top, PASSWORD, replace=True)
+        # the harness ingests, queries and reads the cluster's status: every role
+        UserStore(self.cfg.users_path, self.cfg.lattice).add(USER, top, PASSWORD, replace=True, roles=ROLES)
         self.state = self.dir / "state"
         t0 = time.monotonic()
         kw = {"tls": tls} if "tls" in inspect.signature(start_cluster).parameters else {}

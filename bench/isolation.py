@@ -243,7 +243,7 @@ def run_cluster(pinned: bool, names: list[str], args, workdir: Path) -> list[dic
     from strata.commands import start_cluster, stop_cluster
     from strata.config import load_config
     from strata.examples import BATTLEFIELD_TOML
-    from strata.users import UserStore
+    from strata.users import ROLES, UserStore
 
     tag = "pinned" if pinned else "shared"
     d = workdir / tag
@@ -261,8 +261,8 @@ def run_cluster(pinned: bool, names: list[str], args, workdir: Path) -> list[dic
     cfg_path.write_text(text)
     cfg = load_config(cfg_path)
     store = UserStore(cfg.users_path, cfg.lattice)
-    store.add("uma", "U", PASSWORD, replace=True)
-    store.add("tess", "TS", PASSWORD, replace=True)
+    store.add("uma", "U", PASSWORD, replace=True, roles=ROLES)  # ingest, query, cluster status
+    store.add("tess", "TS", PASSWORD, replace=True, roles=ROLES)
     state = d / "state"
     print(f"[{tag}] starting U and TS groups ...", flush=True)
     affinity_before = os.sched_getaffinity(0)

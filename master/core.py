@@ -3,13 +3,23 @@
 The gRPC servicer and the dispatch thread in :mod:`strata.master.server` only
 translate messages and move bytes; every decision is made here:
 
-* queries are registered per session through the front end at the master's level;
-* input goes through the shepherd into the chunker (:class:`QueryPipeline`);
+* queries are registered per session through the front end at the master's level,
+  and stopped by their owner (:meth:`cancel`), a revocation, or their own failure;
+* input goes through the stream name check and the shepherd *outside* the lock
+  (:meth:`QueryPipeline.screen`), then, on kept rows only, through the limits and
+  the chunker (:class:`QueryPipeline`);
 * :meth:`assignments` hands ready chunks to non-busy workers (Algorithm 5),
   :meth:`on_result` merges results in instant order, :meth:`on_failure` and
-  :meth:`expire` put chunks of failed or vanished workers back in the queue;
+  :meth:`expire` put chunks of failed or vanished workers back in the queue; a
+  chunk that fails ``chunk_retries`` times (error replies, deadline overruns; not
+  the loss of a worker) is given up: its queries stop with an error and later
+  chunks flow;
 * released results are kept per query so a subscriber can resume after the
   last instant it acknowledged.
+
+Metadata is data: nothing this object reports (status, counters, error texts)
+depends on a row above the master's level.  Rows the shepherd drops are counted
+only in the reply to the producer whose batch it was.
 """
 
 from __future__ import annotations
@@ -18,21 +28,42 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.arrowio import from_ipc, to_ipc
+from strata.chunking.chunker import ChunkingError
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 
 from .dispatch import Dispatcher
 from .timings import ChunkTimings
 from .shepherd import ShepherdError
-from .pipeline import QueryPipeline, Released
+from .pipeline import QueryPipeline, Released, one_line
 
-__all__ = ["MasterCore", "QueryInfo"]
+__all__ = ["MasterCore", "QueryInfo", "Refused", "NotYours", "MAX_INGEST_ROWS", "MAX_INGEST_BYTES",
+           "DEFAULT_MAX_TS", "DEFAULT_ADVANCE_HORIZON", "STATES"]
+
+MAX_INGEST_ROWS = 1_000_000  # per batch, counted on the rows the shepherd kept
+MAX_INGEST_BYTES = 64 * 1024 * 1024  # per batch (kept rows); the transport allows twice that
+DEFAULT_MAX_TS = 2**53 - 1
+DEFAULT_ADVANCE_HORIZON = 3600
+#: a query's state as its owner sees it
+STATES = ("running", "ended", "cancelled", "failed", "revoked")
+
+
+class Refused(ValueError):
+    """A call refused by a limit or a check; ``reason`` is the counter it is counted under."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class NotYours(LookupError):
+    """A query id that is not one of the caller's queries (or does not exist: the same answer)."""
 
 
 @dataclass
@@ -44,17 +75,32 @@ class QueryInfo:
     r2s: str
     columns: list[str]
     results: list[Released] = field(default_factory=list)
-    ended: bool = False
-    revoked_after: int | None = None  # revoked: no result with ts above this is ever released
+    ended: bool = False  # no result will ever be added to ``results``
+    revoked_after: int | None = None  # stopped: no result with ts above this is ever released
+    state: str = "running"  # running, cancelled, failed, revoked (shown as ended once a running query ends)
+    error: str = ""  # failed: the one-line reason its owner sees
+    last_ts: int | None = None  # the last instant released for it
+
+    @property
+    def shown_state(self) -> str:
+        return "ended" if self.state == "running" and self.ended else self.state
+
+
+def _limits(config) -> tuple[int, int]:
+    lim = getattr(config, "limits", None)
+    return (int(getattr(lim, "max_ts", DEFAULT_MAX_TS)),
+            int(getattr(lim, "advance_horizon", DEFAULT_ADVANCE_HORIZON)))
 
 
 class MasterCore:
     def __init__(self, config: Config, level: str, chunk_instants: int = 1, cpu_threshold: float = 90.0,
                  max_in_flight: int = 2, worker_timeout: float = 3.0, chunk_deadline: float = 60.0,
-                 clock=time.monotonic, store=None):
+                 clock=time.monotonic, store=None, chunk_retries: int = 3):
         """``store``: a :class:`~strata.master.store.MasterStore`; every registration,
-        accepted batch and advance is logged there before it is acknowledged, and
-        :meth:`restore` replays a previous run's log."""
+        accepted batch, advance and stopped query is logged there before it is
+        acknowledged, and :meth:`restore` replays a previous run's log.
+        ``chunk_retries``: failed attempts (error replies, deadline overruns) after which a
+        chunk is given up and its queries stop with an error."""
         self.config = config
         self.store = store
         self._qids = itertools.count(1)
@@ -62,21 +108,28 @@ class MasterCore:
         self.level = self.pipeline.level
         self.dispatcher = Dispatcher(cpu_threshold, max_in_flight, worker_timeout)
         self.chunk_deadline = chunk_deadline
+        self.chunk_retries = max(1, int(chunk_retries))
+        self.max_ts, self.advance_horizon = _limits(config)
         self.starvation_seconds = 1.0
         self._blocked_since: float | None = None
         self.queries: dict[str, QueryInfo] = {}
         self._ready: deque[int] = deque()  # chunk ids waiting for a worker
         self._sent_at: dict[int, float] = {}
+        self._attempts: dict[int, int] = {}  # chunk id → failed attempts so far
+        self._last_failure: dict[int, tuple[str, str]] = {}  # chunk id → (kind, detail) of its last failure
         self.timings = ChunkTimings()  # where chunks' time goes (strata status)
         self._finished = False
         self._clock = clock
         self.cond = threading.Condition()
         self.redispatched = 0
+        self.failed_chunks = 0
+        self.last_chunk_error = ""
+        self.cancelled = 0
         self.refused: dict[str, int] = {}  # calls refused at the transport (reason → n)
         self.revocations = 0
-        self.input_rejected: dict[str, int] = {}  # rejections the chunker does not count (reason → n)
+        self.input_rejected: dict[str, int] = {}  # refused batches and calls (reason → n)
         self.group_rejected = None  # callable → Counter of refused heartbeats (set by the server)
-        self.last_input_ts: int | None = None
+        self.last_input_ts: int | None = None  # the largest instant of a kept (accepted) row
         self.last_output_ts: int | None = None
 
     # -- queries ------------------------------------------------------------------------
@@ -87,8 +140,7 @@ class MasterCore:
         try:
             compiled = [compile_query(t, self.config, self.level) for t in texts]
         except Exception:  # QueryError: counted, then the caller gets the message
-            with self.cond:
-                self.input_rejected["query"] = self.input_rejected.get("query", 0) + 1
+            self.count_rejected("query")
             raise
         out = []
         with self.cond:
@@ -104,14 +156,56 @@ class MasterCore:
         self.queries[qid] = info
         return info
 
-    def _stop_query(self, qid: str, revoked_after: int | None = None) -> None:
+    def _stop_query(self, qid: str, revoked_after: int | None, state: str, error: str = "") -> None:
+        """Stop ``qid`` after instant ``revoked_after``: chunks cut from now on do not carry it,
+        results of chunks already cut are still released up to that instant."""
         info = self.queries.get(qid)
         if info is None:
             return
-        self.pipeline.remove_query(qid)  # later chunks no longer carry it: its branch is not computed
-        info.revoked_after = revoked_after if revoked_after is not None else -1
-        info.results = [r for r in info.results if r.last_ts <= info.revoked_after]
-        info.ended = True
+        upto = -1 if revoked_after is None else int(revoked_after)
+        self.pipeline.remove_query(qid, after=upto)  # later chunks no longer carry it: its branch is not computed
+        info.revoked_after = upto
+        info.state = state
+        info.error = error
+        self._refresh_ended()
+
+    def _log_stop(self, info: QueryInfo, reason: str) -> None:
+        if self.store is not None:
+            self.store.append("remove", {"query_id": info.query_id, "revoked_after": info.revoked_after,
+                                         "reason": reason, "state": info.state, "error": info.error})
+
+    def owned(self, user: str) -> list[str]:
+        with self.cond:
+            return [q for q, i in self.queries.items() if i.owner == user]
+
+    def query_view(self, qid: str) -> dict:
+        with self.cond:
+            return self._view(self.queries[qid])
+
+    @staticmethod
+    def _view(i: QueryInfo) -> dict:
+        return {"query_id": i.query_id, "text": i.rewritten, "state": i.shown_state,
+                "last_ts": -1 if i.last_ts is None else i.last_ts, "error": i.error,
+                "stopped_after": -1 if i.revoked_after is None else i.revoked_after}
+
+    def cancel(self, user: str, qids: list[str]) -> list[dict]:
+        """Stop some of ``user``'s queries from the next instant (logged, so a restart keeps them
+        stopped); returns their views.  Raises :class:`NotYours` (nothing stopped) if one of
+        them is not the user's.  Stopping an already stopped query changes nothing."""
+        with self.cond:
+            for q in qids:
+                info = self.queries.get(q)
+                if info is None or info.owner != user:
+                    raise NotYours(f"query {q} is not one of this user's queries")
+            upto = self.pipeline.chunker.closed_until - 1
+            for q in dict.fromkeys(qids):
+                info = self.queries[q]
+                if info.state == "running" and not info.ended:
+                    self._stop_query(q, upto, "cancelled")
+                    self._log_stop(info, "cancelled")
+                    self.cancelled += 1
+            self.cond.notify_all()
+            return [self._view(self.queries[q]) for q in dict.fromkeys(qids)]
 
     # -- revocation (privacy switches) --------------------------------------------------------
     def revoke_user(self, user: str, reason: str = "revoked") -> list[str]:
@@ -125,9 +219,10 @@ class MasterCore:
             upto = self.pipeline.chunker.closed_until - 1
             qids = [q for q, i in self.queries.items() if i.owner == user and i.revoked_after is None]
             for q in qids:
-                self._stop_query(q, upto)
+                self._stop_query(q, upto, "revoked")
                 if self.store is not None:
-                    self.store.append("remove", {"query_id": q, "revoked_after": upto, "reason": reason})
+                    self.store.append("remove", {"query_id": q, "revoked_after": upto, "reason": reason,
+                                                 "state": "revoked", "error": ""})
             self.revocations += bool(qids)
             self.cond.notify_all()
             return qids
@@ -141,7 +236,8 @@ class MasterCore:
         """Replay the store's log into this (fresh) core; returns what was restored.
 
         The chunks it makes are computed again by the workers; results a
-        client already has are skipped by its ``resume_after_ts``.
+        client already has are skipped by its ``resume_after_ts``.  Cancelled,
+        failed and revoked queries come back stopped, after the same instant.
         """
         n = {"queries": 0, "batches": 0, "chunks": 0}
         if self.store is None:
@@ -154,9 +250,11 @@ class MasterCore:
                     top = max(top, int(ev.body["query_id"].lstrip("q") or 0))
                     n["queries"] += 1
                 elif ev.kind == "remove":
-                    self._stop_query(ev.body["query_id"], ev.body.get("revoked_after"))
+                    state = ev.body.get("state") or ("cancelled" if ev.body.get("reason") == "cancelled" else "revoked")
+                    self._stop_query(ev.body["query_id"], ev.body.get("revoked_after"), state,
+                                     ev.body.get("error") or "")
                 elif ev.kind == "ingest":
-                    self._ingest(ev.body["stream"], from_ipc(ev.data), None, log=False)
+                    self._push(ev.body["stream"], from_ipc(ev.data), log=False)
                     n["batches"] += 1
                 elif ev.kind == "advance":
                     n["chunks"] += self._advance(ev.body.get("upto"), ev.body.get("finish", False), log=False)
@@ -165,32 +263,78 @@ class MasterCore:
 
     # -- input ----------------------------------------------------------------------------
     def ingest(self, stream: str, table: pa.Table, source_level: str | None) -> tuple[int, int]:
-        with self.cond:
-            return self._ingest(stream, table, source_level, log=True)
+        """Admit a batch whole or refuse it whole; returns (accepted, dropped by the shepherd).
 
-    def _ingest(self, stream: str, table: pa.Table, source_level: str | None, log: bool) -> tuple[int, int]:
-        if self._finished:
-            raise ValueError("input is finished; no more tuples are accepted")
-        kept: list[pa.Table] = []
+        The stream name and the shepherd run outside the lock; the limits, the chunker's
+        checks and everything counted look only at the rows the shepherd kept.  The
+        dropped count is for the producer that sent the batch and nobody else."""
         try:
-            accepted, dropped = self.pipeline.ingest(stream, table, source_level,
-                                                     kept_sink=kept if log and self.store is not None else None)
-        except ShepherdError:  # the chunker counts its own rejections; count the shepherd's here
-            self.count_rejected("bad_level", table.num_rows)
+            name, kept, dropped = self.pipeline.screen(stream, table, source_level)
+        except ChunkingError as e:
+            self.count_rejected(e.reason)
+            raise
+        except ShepherdError:
+            self.count_rejected("bad_level")
+            raise
+        self._check_limits(name, kept)
+        with self.cond:
+            return self._push(name, kept, log=True), dropped
+
+    def _check_limits(self, stream: str, kept: pa.Table) -> None:
+        """Batch size and timestamp bounds, on kept rows only."""
+        if kept.num_rows > MAX_INGEST_ROWS:
+            self.count_rejected("oversized")
+            raise Refused(f"batch of {kept.num_rows} rows exceeds {MAX_INGEST_ROWS}; split it", "oversized")
+        if kept.nbytes > MAX_INGEST_BYTES:
+            self.count_rejected("oversized")
+            raise Refused(f"batch of {kept.nbytes} bytes exceeds {MAX_INGEST_BYTES}; split it", "oversized")
+        if not kept.num_rows:
+            return
+        lower = {c.lower(): c for c in kept.column_names}
+        if "ts" not in lower:
+            return  # the chunker names the missing column
+        try:
+            top = pc.max(kept.column(lower["ts"]).cast(pa.int64())).as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return  # not integers: the chunker refuses the type
+        if top is not None and top > self.max_ts:
+            self.count_rejected("ts_out_of_range")
+            raise Refused(f"stream {stream}: ts {top} is beyond the largest instant accepted "
+                          f"({self.max_ts}, [limits] max_ts); nothing of this batch was applied", "ts_out_of_range")
+
+    def _push(self, stream: str, kept: pa.Table, log: bool) -> int:
+        if self._finished:
+            raise Refused("input is finished; no more tuples are accepted", "finished")
+        try:
+            accepted = self.pipeline.push(stream, kept)
+        except ChunkingError as e:
+            if log:
+                self.count_rejected(e.reason)
             raise
         if accepted:
-            if kept:  # only what the shepherd let through reaches the disk
-                self.store.append("ingest", {"stream": stream}, to_ipc(kept[0]))
-            mx = pc.max(table.column("ts")).as_py()
+            if log and self.store is not None:  # only what the shepherd let through reaches the disk
+                self.store.append("ingest", {"stream": stream}, to_ipc(kept))
+            mx = pc.max(kept.column("ts").cast(pa.int64())).as_py()
             self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
-        return accepted, dropped
+        return accepted
 
     def count_rejected(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` refused batches (or calls) under ``reason`` (operators see these counts)."""
         with self.cond:
             self.input_rejected[reason] = self.input_rejected.get(reason, 0) + max(int(n), 1)
 
     def advance(self, upto_ts: int | None = None, finish: bool = False) -> int:
+        """Close instants up to ``upto_ts`` (at most ``advance_horizon`` past the largest ingested
+        instant), or finish all input; returns the number of chunks cut."""
         with self.cond:
+            if not finish:
+                base = self.last_input_ts if self.last_input_ts is not None else 0
+                bound = base + self.advance_horizon
+                if upto_ts is not None and int(upto_ts) > bound:
+                    self.input_rejected["advance_beyond_horizon"] = self.input_rejected.get("advance_beyond_horizon", 0) + 1
+                    raise Refused(f"advance to {int(upto_ts)} refused: at most {self.advance_horizon} instants "
+                                  f"([limits] advance_horizon) past the latest instant ingested ({base}), "
+                                  f"i.e. up to {bound}", "advance_beyond_horizon")
             return self._advance(upto_ts, finish, log=True)
 
     def _advance(self, upto_ts: int | None, finish: bool, log: bool) -> int:
@@ -203,7 +347,7 @@ class MasterCore:
         now = self._clock()
         for c in chunks:
             self.timings.ready(c.chunk_id, now)
-        self._maybe_end()
+        self._refresh_ended()
         self.cond.notify_all()
         return len(chunks)
 
@@ -214,16 +358,17 @@ class MasterCore:
             self.cond.notify_all()
 
     def expire(self) -> list[int]:
-        """Drop silent workers and chunks past their deadline; requeue their chunks."""
+        """Drop silent workers and chunks past their deadline; requeue their chunks.
+
+        A deadline overrun counts as a failed attempt of its chunk; a lost worker does not."""
         now = self._clock()
         with self.cond:
             lost = self.dispatcher.expire(now)
             late = [cid for cid, t in self._sent_at.items() if now - t > self.chunk_deadline and cid not in lost]
+            self._requeue(lost)
             for cid in late:
-                sid = self.dispatcher.owner(cid)
-                if sid is not None:
-                    self.dispatcher.table[sid].in_flight.discard(cid)
-            self._requeue(lost + late)
+                self.dispatcher.unassign(cid)
+                self._failed_attempt(cid, "DEADLINE", f"no result within {self.chunk_deadline:g} s")
             return lost + late
 
     def _requeue(self, chunk_ids: list[int]) -> None:
@@ -235,13 +380,69 @@ class MasterCore:
         if chunk_ids:
             self.cond.notify_all()
 
+    def _failed_attempt(self, cid: int, kind: str, detail: str) -> None:
+        """One more failed attempt of chunk ``cid``: requeue it, or give it up after the cap."""
+        if cid not in self.pipeline.chunks:
+            return
+        self._attempts[cid] = self._attempts.get(cid, 0) + 1
+        self._last_failure[cid] = (kind, one_line(detail))
+        if self._attempts[cid] >= self.chunk_retries:
+            self._give_up(cid)
+        else:
+            self._requeue([cid])
+
+    def _give_up(self, cid: int) -> None:
+        """Stop every live query of chunk ``cid`` with an error naming its instants and the last
+        failure, and release the chunk so that later chunks flow."""
+        chunk = self.pipeline.chunks[cid]
+        kind, detail = self._last_failure.get(cid, ("ERROR", ""))
+        n = self._attempts.get(cid, 0)
+        span = f"{chunk.first_ts}-{chunk.last_ts}" if chunk.first_ts != chunk.last_ts else f"{chunk.first_ts}"
+        # the owners see the kind of failure only: a worker's text may name another user's query
+        msg = f"the chunk of instants {span} failed {n} times on the workers (last failure: {kind}); query stopped"
+        self.failed_chunks += 1
+        self.last_chunk_error = f"chunk {cid} (instants {span}) given up after {n} failed attempts; last: " \
+                                f"{kind}: {detail}".rstrip(": ")
+        self.dispatcher.unassign(cid)
+        try:
+            self._ready.remove(cid)
+        except ValueError:
+            pass
+        self._sent_at.pop(cid, None)
+        self.timings.forget(cid)
+        results = [ChunkResult(qc.query_id, cid, pa.table({}), error=msg,
+                               error_ts=qc.instants[0] if qc.instants else chunk.first_ts)
+                   for qc in self._live_view(chunk).queries]
+        self._release(cid, results)
+
     # -- dispatch (Algorithm 5) ----------------------------------------------------------------
+    def _live(self, qid: str, chunk: Chunk) -> bool:
+        info = self.queries.get(qid)
+        return info is not None and (info.revoked_after is None or chunk.first_ts <= info.revoked_after)
+
+    def _live_view(self, chunk: Chunk) -> Chunk:
+        """``chunk`` without the queries stopped before it (nothing of theirs is computed)."""
+        live = [qc for qc in chunk.queries if self._live(qc.query_id, chunk)]
+        return chunk if len(live) == len(chunk.queries) else replace(chunk, queries=live)
+
     def assignments(self) -> list[tuple[Chunk, str]]:
-        """Chunks to send now, each with the worker chosen for it."""
+        """Chunks to send now (without stopped queries), each with the worker chosen for it.
+
+        A chunk left with no live query is released here without a worker."""
         out = []
         with self.cond:
             now = self._clock()
             while self._ready:
+                cid = self._ready[0]
+                if cid not in self.pipeline.chunks:
+                    self._ready.popleft()
+                    continue
+                view = self._live_view(self.pipeline.chunks[cid])
+                if not view.queries:
+                    self._ready.popleft()
+                    self.timings.forget(cid)
+                    self._release(cid, [])
+                    continue
                 starving = self._blocked_since is not None and now - self._blocked_since > self.starvation_seconds
                 sid = self.dispatcher.pick(starving=starving)
                 if sid is None:
@@ -249,68 +450,120 @@ class MasterCore:
                         self._blocked_since = now
                     break
                 self._blocked_since = None
-                cid = self._ready.popleft()
-                if cid not in self.pipeline.chunks:
-                    continue
+                self._ready.popleft()
                 self.dispatcher.assign(cid, sid)
                 self._sent_at[cid] = self._clock()
                 self.timings.sent(cid, self._sent_at[cid])
-                out.append((self.pipeline.chunks[cid], sid))
+                out.append((view, sid))
         return out
 
     def on_result(self, chunk_id: int, sid: str, results: list[ChunkResult]) -> list[Released]:
         with self.cond:
-            if self.dispatcher.owner(chunk_id) == sid:
+            mine = self.dispatcher.owner(chunk_id) == sid
+            try:
+                released = self._release(chunk_id, results)
+            except ChunkingError as e:  # an inconsistent reply (e.g. a state snapshot beyond its chunk)
+                if mine:
+                    self.dispatcher.unassign(chunk_id)
+                    self._sent_at.pop(chunk_id, None)
+                    self._failed_attempt(chunk_id, "BAD_REPLY", str(e))
+                return []
+            if mine:
                 self.dispatcher.complete(chunk_id)
             elif sid in self.dispatcher.table:
                 self.dispatcher.table[sid].done += 1
             self._sent_at.pop(chunk_id, None)
             self.timings.done(chunk_id, self._clock(), sum(float((r.stats or {}).get("seconds", 0.0)) for r in results))
-            released = self.pipeline.complete(chunk_id, results)
-            for r in released:
-                info = self.queries.get(r.query_id)
-                if info is not None and r.rows.num_rows and info.revoked_after is None:
-                    info.results.append(r)
-                self.last_output_ts = r.last_ts if self.last_output_ts is None else max(self.last_output_ts, r.last_ts)
-            self._maybe_end()
-            self.cond.notify_all()
             return released
 
-    def on_failure(self, chunk_id: int, sid: str, drop_worker: bool = False) -> None:
+    def _release(self, chunk_id: int, results: list[ChunkResult]) -> list[Released]:
+        """Merge a chunk's results (any order); handle what is now released in chunk order."""
+        released = self.pipeline.complete(chunk_id, results)
+        if chunk_id not in self.pipeline.chunks:
+            self._attempts.pop(chunk_id, None)
+            self._last_failure.pop(chunk_id, None)
+        for r in released:
+            info = self.queries.get(r.query_id)
+            if info is None:
+                continue
+            if info.revoked_after is not None and r.first_ts > info.revoked_after:
+                continue  # stopped before this chunk
+            if r.rows.num_rows:
+                info.results.append(r)
+            upto = r.last_ts if r.error_ts is None else r.error_ts - 1
+            if info.revoked_after is not None:
+                upto = min(upto, info.revoked_after)
+            info.last_ts = upto if info.last_ts is None else max(info.last_ts, upto)
+            self.last_output_ts = r.last_ts if self.last_output_ts is None else max(self.last_output_ts, r.last_ts)
+            if r.error is not None and info.state == "running":
+                self._stop_query(r.query_id, r.error_ts - 1, "failed", r.error)
+                self._log_stop(info, "failed")
+        self._refresh_ended()
+        self.cond.notify_all()
+        return released
+
+    def on_failure(self, chunk_id: int, sid: str, drop_worker: bool = False, reason: str = "",
+                   kind: str = "ERROR") -> None:
+        """A worker's call for ``chunk_id`` failed.  ``drop_worker`` (the worker is unreachable):
+        drop it and requeue its chunks, not counted against them; otherwise one failed attempt."""
         with self.cond:
             if drop_worker:
                 self._requeue(self.dispatcher.remove(sid))
             elif self.dispatcher.owner(chunk_id) == sid:
-                self.dispatcher.table[sid].in_flight.discard(chunk_id)
-                self._requeue([chunk_id])
+                self.dispatcher.unassign(chunk_id)
+                self._sent_at.pop(chunk_id, None)
+                self._failed_attempt(chunk_id, kind, reason)
 
-    def _maybe_end(self) -> None:
-        if self._finished and not self.pipeline.chunks and not self._ready:
-            for info in self.queries.values():
+    def _refresh_ended(self) -> None:
+        """Mark queries that will never get another result: stopped ones once every chunk up to
+        their last instant is released; all of them once the input is finished and drained."""
+        drained = self._finished and not self.pipeline.chunks and not self._ready
+        for q, info in self.queries.items():
+            if info.ended:
+                continue
+            if info.state != "running":
+                info.ended = not self.pipeline.pending_for(q, info.revoked_after)
+            elif drained:
                 info.ended = True
 
     # -- results ----------------------------------------------------------------------------------
-    def wait_results(self, qids: list[str], cursor: dict[str, int], timeout: float) -> tuple[list[Released], bool]:
-        """Results after ``cursor[qid]`` (an index into each query's results); blocks up to ``timeout``."""
+    def wait_results(self, qids: list[str], cursor: dict[str, int], timeout: float) -> tuple[list[Released], list[str]]:
+        """Results after ``cursor[qid]`` (an index into each query's results), and the queries among
+        ``qids`` that have ended with every result taken; blocks up to ``timeout``."""
         deadline = self._clock() + timeout
         with self.cond:
             while True:
-                out = []
+                out, ended = [], []
                 for q in qids:
                     info = self.queries[q]
                     out.extend(info.results[cursor.get(q, 0):])
                     cursor[q] = len(info.results)
-                done = all(self.queries[q].ended for q in qids)
-                if out or done:
-                    return out, done
+                    if info.ended:
+                        ended.append(q)
+                if out or ended:
+                    return out, ended
                 left = deadline - self._clock()
                 if left <= 0:
-                    return [], False
+                    return [], []
                 self.cond.wait(left)
 
-    # -- status -------------------------------------------------------------------------------------
-    def status(self) -> dict:
+    def end_of(self, qid: str) -> tuple[str, str]:
+        """(state, error) of a query, for the last message of its result stream."""
         with self.cond:
+            info = self.queries[qid]
+            return info.shown_state, info.error
+
+    # -- status -------------------------------------------------------------------------------------
+    def status(self, user: str | None = None, cluster: bool = True) -> dict:
+        """What a session may read: the level and ``user``'s own queries; with ``cluster`` (operators)
+        also workers, loads, backlog, lag, timings, counters and refusals.  Nothing here depends
+        on a row above the level: lag and latest instants come from kept rows, shepherd drops
+        are not counted."""
+        with self.cond:
+            out = {"level": self.level,
+                   "queries": [self._view(i) for i in self.queries.values() if user is not None and i.owner == user]}
+            if not cluster:
+                return out
             workers = [
                 {"sid": e.sid, "cpu": e.cpu, "pid": e.pid, "state": e.state, "in_flight": len(e.in_flight), "done": e.done}
                 for e in self.dispatcher.table.values()
@@ -318,20 +571,22 @@ class MasterCore:
             lag = 0.0
             if self.last_input_ts is not None:
                 lag = float(self.last_input_ts - (self.last_output_ts if self.last_output_ts is not None else -1))
-            return {
-                "level": self.level,
+            out.update({
                 "workers": workers,
                 "backlog_chunks": self.pipeline.backlog,
                 "ready_chunks": len(self._ready),
                 "lag_instants": max(0.0, lag),
-                "rejected": dict(self.pipeline.chunker.rejected) | self.input_rejected
+                "rejected": dict(self.input_rejected)
                 | {f"transport:{k}": v for k, v in self.refused.items()}
                 | {f"multicast:{k}": v for k, v in (self.group_rejected() if self.group_rejected else {}).items()},
-                "dropped_by_shepherd": dict(self.pipeline.shepherd.dropped),
                 "timings": self.timings.summary(),
+                "last_chunk_error": self.last_chunk_error,
                 "counters": dict(self.pipeline.counters) | {"redispatched": self.redispatched,
                                                               "duplicates": self.pipeline.merger.duplicates,
                                                               "revocations": self.revocations,
+                                                              "cancelled": self.cancelled,
+                                                              "failed_chunks": self.failed_chunks,
                                                               "queries": sum(i.revoked_after is None
                                                                              for i in self.queries.values())},
-            }
+            })
+            return out

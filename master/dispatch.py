@@ -103,5 +103,12 @@ class Dispatcher:
             e.done += 1
         return sid
 
+    def unassign(self, chunk_id: int) -> str | None:
+        """Take ``chunk_id`` back from its worker (a failed or overdue call): not counted as done."""
+        sid = self._owner.pop(chunk_id, None)
+        if sid is not None and sid in self.table:
+            self.table[sid].in_flight.discard(chunk_id)
+        return sid
+
     def owner(self, chunk_id: int) -> str | None:
         return self._owner.get(chunk_id)

@@ -5,6 +5,16 @@
 
 ``QueryPipeline`` is driven by the gRPC master and by the in-process runner
 (:mod:`strata.master.local`) alike.
+
+Input is admitted in two steps so that the master can run the first outside
+its lock: :meth:`QueryPipeline.screen` (stream name, then the shepherd: pure,
+no shared state) and :meth:`QueryPipeline.push` (the chunker, on kept rows
+only).  Every check after the shepherd sees only the rows the master may hold.
+
+A query whose evaluation fails in a chunk (a result with ``error``) is stopped
+when that chunk is *released* (in chunk order): its rows before ``error_ts`` are
+released, then the query is removed, and its results in later chunks are
+dropped.  Other queries of the chunk are released as usual.
 """
 
 from __future__ import annotations
@@ -14,8 +24,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from strata.chunking.chunker import Chunker
+from strata.chunking.chunker import Chunker, ChunkingError
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 from strata.mlscql import CompiledQuery, compile_query
@@ -38,6 +49,24 @@ class Released:
     first_ts: int
     last_ts: int
     rows: pa.Table
+    #: the query failed in this chunk: a one-line reason; ``rows`` hold its output before ``error_ts``
+    error: str | None = None
+    error_ts: int | None = None
+
+
+def one_line(text) -> str:
+    """The first non-empty line of an error text, at most 300 characters."""
+    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _ts_at_most(rows: pa.Table, upto: int) -> pa.Table:
+    """``rows`` with ``ts <= upto`` (all of them when there is no ts column)."""
+    if rows is None:
+        return pa.table({})
+    if not rows.num_rows or "ts" not in rows.column_names:
+        return rows
+    return rows.filter(pc.less_equal(rows.column("ts"), upto))
 
 
 class QueryPipeline:
@@ -50,6 +79,10 @@ class QueryPipeline:
         self.queries: dict[str, CompiledQuery] = {}
         self.chunks: dict[int, Chunk] = {}  # dispatched, not yet merged: kept for re-dispatch
         self.counters: Counter = Counter()
+        #: stopped queries (cancelled, revoked, failed) → the last instant whose results are still released
+        self.stopped: dict[str, int] = {}
+        #: per query, the unreleased chunks that carry it
+        self.carrying: dict[str, set[int]] = {}
         self._ids = itertools.count(1)
         #: the merged operator DAG of this level's queries (replicated mode: one level per master);
         #: workers evaluate each shared plan once per chunk when ``[sharing] enabled`` (default)
@@ -77,36 +110,65 @@ class QueryPipeline:
             self.counters[f"sharing_{best.kind}"] += 1
         return qid, cq
 
-    def remove_query(self, query_id: str) -> None:
+    def remove_query(self, query_id: str, after: int | None = None) -> None:
+        """Stop a query: chunks cut from now on no longer carry it (its branch is not computed).
+
+        ``after``: results of chunks already cut are still released up to this instant
+        (``None``: nothing more is released)."""
         self.chunker.remove_query(query_id)
-        self.queries.pop(query_id, None)
+        live = self.queries.pop(query_id, None) is not None
         self.sharing.remove(query_id)  # shared nodes stay while another query uses them
+        if live or query_id not in self.stopped:
+            self.stopped[query_id] = -1 if after is None else int(after)
+
+    def pending_for(self, query_id: str, upto: int | None = None) -> bool:
+        """Whether an unreleased chunk carrying ``query_id`` starts at or before ``upto`` (any, if None)."""
+        return any(upto is None or self.chunks[c].first_ts <= upto
+                   for c in self.carrying.get(query_id, ()) if c in self.chunks)
 
     def sharing_report(self) -> dict:
         """The sharing decisions among this level's queries (see ``strata explain``)."""
         return {"enabled": self.sharing_enabled, **self.sharing.to_json()}
 
     # -- input ---------------------------------------------------------------------------
+    def screen(self, stream: str, table: pa.Table, source_level: str | None = None) -> tuple[str, pa.Table, int]:
+        """(stream name, rows the master may hold, rows dropped): the stream name is checked
+        first, then the shepherd.  Pure: no shared state is read or written, so it may run
+        outside the master's lock.  Raises ChunkingError (unknown stream) or ShepherdError.
+
+        ``source_level``: the level of a source session; its tuples are stamped with it and may
+        carry no other.  ``None``: labelled input (replay of a file whose rows carry levels).
+        """
+        schema = self.config.stream(stream) if isinstance(stream, str) else None
+        if schema is None:
+            raise ChunkingError(f"unknown stream {stream!r} (streams: {', '.join(self.config.streams)})",
+                                "unknown_stream")
+        if source_level is not None:
+            table = self.shepherd.check_source(source_level, table)
+        kept, dropped = self.shepherd.filter(table)
+        return schema.name, kept, dropped
+
+    def push(self, stream: str, kept: pa.Table) -> int:
+        """Hand rows the shepherd kept to the chunker (column, type and ts checks; all or nothing).
+
+        An empty batch is still checked for its columns (a property of the batch, not of its rows)."""
+        accepted = self.chunker.push(stream, kept)
+        self.counters["accepted"] += accepted
+        return accepted
+
     def ingest(self, stream: str, table: pa.Table, source_level: str | None = None,
                kept_sink: list | None = None) -> tuple[int, int]:
-        """Admit a batch; returns (accepted, dropped by the shepherd).
+        """:meth:`screen` then :meth:`push`; returns (accepted, dropped by the shepherd).
 
-        ``source_level``: the level of a source session; its tuples are stamped
-        with it and may carry no other.  ``None``: labelled input (replay of a
-        file whose rows carry levels), filtered by the shepherd.
         ``kept_sink``: receives the table the shepherd let through (what the
         master may persist: never a tuple above its level).
         """
-        if source_level is not None:
-            table = self.shepherd.check_source(source_level, table)
-        before = self.shepherd.dropped[stream]
-        kept = self.shepherd.admit(stream, table)
-        dropped = self.shepherd.dropped[stream] - before
-        accepted = self.chunker.push(stream, kept) if kept.num_rows else 0
+        name, kept, dropped = self.screen(stream, table, source_level)
+        if dropped:
+            self.shepherd.dropped[name] += dropped
+        accepted = self.push(name, kept)
         if kept_sink is not None and accepted:
             kept_sink.append(kept)
-        self.counters["accepted"] += accepted
-        self.counters["dropped_by_shepherd"] += dropped
         return accepted, dropped
 
     def advance(self, upto_ts: int) -> list[Chunk]:
@@ -119,23 +181,43 @@ class QueryPipeline:
         for c in chunks:
             self.merger.expect(c.chunk_id)
             self.chunks[c.chunk_id] = c
+            for qc in c.queries:
+                self.carrying.setdefault(qc.query_id, set()).add(c.chunk_id)
         self.counters["chunks"] += len(chunks)
         return chunks
 
     # -- results ---------------------------------------------------------------------------
     def complete(self, chunk_id: int, results: list[ChunkResult]) -> list[Released]:
-        """Record a chunk's results (any order, duplicates ignored); return what is now in order."""
+        """Record a chunk's results (any order, duplicates ignored); return what is now in order.
+
+        At release, a result with ``error`` releases its rows before ``error_ts`` (with the error)
+        and stops its query there: later chunks' results for it are dropped.  A stopped query's
+        results are released up to the instant it was stopped after."""
         if chunk_id not in self.chunks:
             self.merger.duplicates += 1
             return []
         for r in results:
-            self.chunker.confirm(r)
+            if not r.error:
+                self.chunker.confirm(r)
         out = []
         for cid, res in self.merger.add(chunk_id, results):
             chunk = self.chunks.pop(cid)
+            firsts = {qc.query_id: (qc.instants[0] if qc.instants else chunk.first_ts) for qc in chunk.queries}
+            for q in firsts:
+                self.carrying.get(q, set()).discard(cid)
             for r in res:
-                if r.query_id in self.queries:
-                    out.append(Released(r.query_id, cid, chunk.first_ts, chunk.last_ts, r.rows))
+                q = r.query_id
+                if q in self.queries:
+                    if r.error:
+                        ets = int(r.error_ts) if r.error_ts is not None else firsts.get(q, chunk.first_ts)
+                        out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, _ts_at_most(r.rows, ets - 1),
+                                            one_line(r.error) or "evaluation failed", ets))
+                        self.remove_query(q, after=ets - 1)
+                        self.counters["failed_queries"] += 1
+                    else:
+                        out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, r.rows))
+                elif q in self.stopped and chunk.first_ts <= self.stopped[q]:
+                    out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, _ts_at_most(r.rows, self.stopped[q])))
         return out
 
     @property

@@ -24,17 +24,22 @@ from strata.users import AuthError
 from strata.serving import MAX_MESSAGE, build_server, run_until_stopped
 from strata.worker.server import execute_digest
 
-from .core import MasterCore
-from .sessions import Sessions
+from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MasterCore, NotYours, Refused
+from .pipeline import one_line
+from .sessions import RoleError, Sessions, dominates
 
-__all__ = ["MasterServicer", "DispatchLoop", "serve_master"]
+__all__ = ["MasterServicer", "DispatchLoop", "UsersWatch", "serve_master", "MAX_INGEST_ROWS", "MAX_INGEST_BYTES"]
 
 log = logging.getLogger("strata.master")
-MAX_INGEST_ROWS = 1_000_000
-MAX_INGEST_BYTES = 64 * 1024 * 1024  # per batch; the transport allows twice that so a bigger one is counted
 
 
 class MasterServicer(rpc.MasterServicer):
+    """Thin: checks the session and its role, translates messages, calls :class:`MasterCore`.
+
+    Every reply is computed by the core from what the master's level dominates;
+    a call outside the session's roles is refused with PERMISSION_DENIED and
+    counted (operators see ``role:<call>`` under ``rejected``)."""
+
     def __init__(self, core: MasterCore, sessions: Sessions):
         self.core = core
         self.sessions = sessions
@@ -50,12 +55,23 @@ class MasterServicer(rpc.MasterServicer):
         except AuthError as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
 
+    def _require(self, context, roles: tuple[str, ...], call: str, token=None, ended: bool = False):
+        """The session if it has one of ``roles``; else abort (UNAUTHENTICATED / PERMISSION_DENIED).
+        ``ended``: the session was valid when the call began (a stream): say it ended."""
+        try:
+            return self.sessions.require(token if token is not None else self._token(context), roles, call)
+        except RoleError as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        except AuthError as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"session ended: {e}" if ended else str(e))
+
     def Login(self, request, context):
         try:
             s = self.sessions.login(request.user, request.password, request.level)
         except AuthError as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
-        return pb.LoginReply(token=s.token, level=s.principal.level, master_level=self.core.level)
+        return pb.LoginReply(token=s.token, level=s.principal.level, master_level=self.core.level,
+                             roles=sorted(s.principal.roles))
 
     def Logout(self, request, context):
         md = dict(context.invocation_metadata())
@@ -63,7 +79,7 @@ class MasterServicer(rpc.MasterServicer):
         return pb.Empty()
 
     def Register(self, request, context):
-        s = self._session(context)
+        s = self._require(context, ("analyst",), "Register")
         try:
             infos = self.core.register(s.principal.user, list(request.queries))
         except QueryError as e:
@@ -74,78 +90,103 @@ class MasterServicer(rpc.MasterServicer):
         ])
 
     def Subscribe(self, request, context):
-        s = self._session(context)
-        mine = [q for q, info in self.core.queries.items() if info.owner == s.principal.user]
-        qids = list(request.query_ids) or mine
+        token = self._token(context)
+        s = self._require(context, ("analyst",), "Subscribe", token)
+        mine = self.core.owned(s.principal.user)
+        qids = list(dict.fromkeys(request.query_ids)) or mine
         for q in qids:
             if q not in mine:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, f"query {q} is not one of this user's queries")
         cursor: dict[str, int] = {}
         after = request.resume_after_ts
-        token = self._token(context)
-        while context.is_active():
-            released, done = self.core.wait_results(qids, cursor, timeout=0.5)
-            try:  # a revoked user's stream stops here, before anything newer is sent
-                self.sessions.check(token)
-            except AuthError as e:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, f"session ended: {e}")
+        open_ids = list(qids)
+        while open_ids and context.is_active():
+            released, ended = self.core.wait_results(open_ids, cursor, timeout=0.5)
+            if not released and not ended:  # idle: a revoked session's stream still ends within a second
+                self._require(context, ("analyst",), "Subscribe", token, ended=True)
             for r in released:
                 if r.last_ts <= after:
                     continue
                 rows = r.rows
                 if after >= 0 and r.first_ts <= after:
                     rows = rows.filter(pc.greater(rows.column("ts"), after))
+                # re-checked before every message: nothing is sent once the session or role is gone
+                self._require(context, ("analyst",), "Subscribe", token, ended=True)
                 yield pb.ResultBatch(query_id=r.query_id, first_ts=r.first_ts, last_ts=r.last_ts,
                                      arrow=to_ipc(rows))
-            if done:
-                for q in qids:
-                    yield pb.ResultBatch(query_id=q, end=True)
-                return
+            for q in ended:
+                state, error = self.core.end_of(q)
+                self._require(context, ("analyst",), "Subscribe", token, ended=True)
+                yield pb.ResultBatch(query_id=q, end=True, state=state, error=error)
+                open_ids.remove(q)
 
     def Ingest(self, request_iterator, context):
-        s = self._session(context)
+        token = self._token(context)
+        s = self._require(context, ("producer",), "Ingest", token)
         accepted = dropped = rejected = 0
         for batch in request_iterator:
+            # every batch: a revoked, logged-out or downgraded producer's open stream is cut here,
+            # before anything of this batch is applied
+            s = self._require(context, ("producer",), "Ingest", token, ended=True)
             try:
-                if len(batch.arrow) > MAX_INGEST_BYTES:
-                    self.core.count_rejected("oversized")
-                    raise ValueError(f"batch of {len(batch.arrow)} bytes exceeds {MAX_INGEST_BYTES}; split it")
                 try:
                     table = from_ipc(batch.arrow)
                 except (ValueError, pa.ArrowInvalid) as e:
                     self.core.count_rejected("bad_batch")
                     raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None
-                if table.num_rows > MAX_INGEST_ROWS:
-                    self.core.count_rejected("oversized")
-                    raise ValueError(f"batch of {table.num_rows} rows exceeds {MAX_INGEST_ROWS}; split it")
                 source = None if batch.labelled else s.principal.level
                 a, d = self.core.ingest(batch.stream, table, source)
                 accepted += a
-                dropped += d
+                dropped += d  # rows of this producer's own batches: told to it, nobody else
             except (ValueError, pa.ArrowInvalid) as e:
                 rejected += 1
                 return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected,
-                                      error=str(e).splitlines()[0])
+                                      error=one_line(e))
         return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected)
 
     def Advance(self, request, context):
-        self._session(context)
-        n = self.core.advance(request.upto_ts, finish=request.finish)
+        if request.finish:
+            self._require(context, ("producer", "operator"), "Advance(finish)")
+        else:
+            self._require(context, ("producer",), "Advance")
+        try:
+            n = self.core.advance(request.upto_ts, finish=request.finish)
+        except Refused as e:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, str(e))
         return pb.AdvanceReply(chunks=n)
 
+    def Cancel(self, request, context):
+        s = self._require(context, ("analyst",), "Cancel")
+        try:
+            views = self.core.cancel(s.principal.user, list(request.query_ids))
+        except NotYours as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e.args[0]))
+        return pb.CancelReply(queries=[pb.QueryStatus(**v) for v in views])
+
     def Status(self, request, context):
-        self._session(context)
-        st = self.core.status()
-        workers = [pb.WorkerStatus(sid=w["sid"], cpu=w["cpu"], pid=w.get("pid", 0), state=w["state"],
-                                   chunks_done=w["done"], in_flight=w["in_flight"]) for w in st["workers"]]
+        s = self._session(context)
+        operator = "operator" in s.principal.roles
+        st = self.core.status(s.principal.user, cluster=operator)
+        reply = pb.StatusReply(level=st["level"], user=s.principal.user, roles=sorted(s.principal.roles),
+                               queries=[pb.QueryStatus(**v) for v in st["queries"]], cluster=operator)
+        if not operator:
+            return reply
+        reply.workers.extend(pb.WorkerStatus(sid=w["sid"], cpu=w["cpu"], pid=w.get("pid", 0), state=w["state"],
+                                             chunks_done=w["done"], in_flight=w["in_flight"]) for w in st["workers"])
+        reply.backlog_chunks = st["backlog_chunks"]
+        reply.ready_chunks = st["ready_chunks"]
+        reply.lag_seconds = st["lag_instants"]
         rejected = {k: int(v) for k, v in st["rejected"].items()}
-        rejected.update({f"shepherd:{k}": int(v) for k, v in st["dropped_by_shepherd"].items()})
-        return pb.StatusReply(level=st["level"], workers=workers, backlog_chunks=st["backlog_chunks"],
-                              ready_chunks=st["ready_chunks"],
-                              lag_seconds=st["lag_instants"], rejected=rejected,
-                              counters={k: int(v) for k, v in st["counters"].items()}
-                              | {"failed_logins": self.sessions.failed_logins, "logouts": self.sessions.logouts},
-                              timings=st.get("timings", {}))
+        with self.sessions._lock:
+            denied = dict(self.sessions.denied)
+        rejected.update({f"role:{k}": int(v) for k, v in denied.items()})
+        reply.rejected.update(rejected)
+        reply.counters.update({k: int(v) for k, v in st["counters"].items()}
+                              | {"failed_logins": self.sessions.failed_logins, "logouts": self.sessions.logouts,
+                                 "permission_denied": int(sum(denied.values()))})
+        reply.timings.update(st.get("timings", {}))
+        reply.last_chunk_error = st.get("last_chunk_error", "")
+        return reply
 
 
 class DispatchLoop:
@@ -189,14 +230,26 @@ class DispatchLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._sync_group()
-            self.core.expire()
-            sent = self.core.assignments()
-            for chunk, sid in sent:
-                self._send(chunk, sid)
+            try:
+                sent = self._step()
+            except Exception:  # noqa: BLE001 - the dispatch thread never dies: log, wait a little, go on
+                log.exception("dispatch step failed; continuing")
+                sent = []
             if not sent:
                 with self.core.cond:
                     self.core.cond.wait(0.05)
+
+    def _step(self) -> list:
+        self._sync_group()
+        self.core.expire()
+        sent = self.core.assignments()
+        for chunk, sid in sent:
+            try:
+                self._send(chunk, sid)
+            except Exception as e:  # noqa: BLE001 - e.g. encoding failed: one failed attempt of this chunk
+                log.exception("chunk %s could not be sent to %s", chunk.chunk_id, sid)
+                self.core.on_failure(chunk.chunk_id, sid, reason=f"not sent: {e}", kind="SEND")
+        return sent
 
     def _wire(self, chunk):
         """What travels: the chunk without new tuples no ROWS window can hold (chunking/prune.py).
@@ -220,13 +273,24 @@ class DispatchLoop:
 
         def done(f):
             try:
-                reply = f.result()
-            except grpc.RpcError as e:
-                code = e.code()
-                log.warning("chunk %s on %s failed: %s %s", cid, sid, code, e.details())
-                self.core.on_failure(cid, sid, drop_worker=code in (grpc.StatusCode.UNAVAILABLE,))
-                return
-            self.core.on_result(cid, sid, [decode_result(b) for b in reply.results])
+                try:
+                    reply = f.result()
+                except grpc.RpcError as e:
+                    code = e.code()
+                    log.warning("chunk %s on %s failed: %s %s", cid, sid, code, e.details())
+                    # a lost worker is dropped (its chunks go elsewhere, not counted against them);
+                    # an error reply or an overrun deadline is one failed attempt of the chunk
+                    self.core.on_failure(cid, sid, drop_worker=code in (grpc.StatusCode.UNAVAILABLE,),
+                                         reason=str(e.details() or ""), kind=getattr(code, "name", str(code)))
+                    return
+                try:
+                    results = [decode_result(b) for b in reply.results]
+                    self.core.on_result(cid, sid, results)
+                except Exception as e:  # noqa: BLE001 - an undecodable or inconsistent reply
+                    log.warning("chunk %s on %s: bad reply: %s", cid, sid, e)
+                    self.core.on_failure(cid, sid, reason=f"bad reply: {e}", kind="BAD_REPLY")
+            except Exception:  # noqa: BLE001 - never lose a callback silently
+                log.exception("chunk %s on %s: result handling failed", cid, sid)
 
         fut.add_done_callback(done)
 
@@ -235,10 +299,13 @@ class UsersWatch:
     """Applies changes of the users file while the master runs (privacy switches).
 
     Every ``interval`` it re-reads the file if it changed; a user who was
-    removed, or whose clearance no longer dominates this master's level, loses
-    their sessions and their queries stop from the next instant
-    (:meth:`MasterCore.revoke_user`).  ``strata users remove`` and
-    ``strata users set-clearance`` are the administrator's switches.
+    removed, or whose clearance no longer dominates this master's level (or is
+    missing or unknown: a bad entry means no access), loses their sessions and
+    their queries stop from the next instant (:meth:`MasterCore.revoke_user`).
+    Role changes (``strata users set-roles``) apply to open sessions at their
+    next call or message.  ``strata users remove``, ``set-clearance``,
+    ``set-roles`` and ``logout`` are the administrator's switches.  The thread
+    never dies: an error is logged and the next check runs as usual.
     """
 
     def __init__(self, core: MasterCore, sessions: Sessions, users, interval: float = 0.5):
@@ -259,7 +326,8 @@ class UsersWatch:
         self._thread.join(timeout=5)
 
     def check(self) -> list[str]:
-        """Revoke whoever lost access since the last check; returns the users revoked."""
+        """Revoke whoever lost access since the last check and apply role changes; returns the
+        users revoked."""
         try:
             st = self.users.path.stat()
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -267,12 +335,13 @@ class UsersWatch:
             stamp = None
         if stamp == self._stamp:
             return []
-        self._stamp = stamp
         try:
             known = self.users.load()
-        except Exception as e:  # a half-edited file must not revoke everyone
-            log.warning("users file unreadable, keeping current access: %s", e)
+        except Exception as e:  # noqa: BLE001 - a half-edited file must not revoke everyone
+            log.warning("users file unreadable, keeping current access: %s", one_line(e))
+            self._stamp = stamp
             return []
+        self._stamp = stamp
         lat = self.users.lattice
         gone = []
         for user in sorted(self.sessions.users()):
@@ -283,23 +352,37 @@ class UsersWatch:
                     log.warning("ended %d session(s) of %s opened before %s", n, user, u.sessions_after)
         for user in sorted(self.core.owners() | self.sessions.users()):
             u = known.get(user)
-            if u is None or not lat.leq(self.core.level, u.clearance):
+            if u is None or not dominates(lat, self.core.level, getattr(u, "clearance", None)):
+                why = "removed" if u is None else (f"clearance {u.clearance}" if u.clearance is not None
+                                                   else "bad users-file entry")
                 self.sessions.end_user(user)  # first: a subscriber stops before its queries end
-                qids = self.core.revoke_user(user, "removed" if u is None else f"clearance {u.clearance}")
-                log.warning("revoked %s (%s): queries %s stop after instant %s", user,
-                            "removed" if u is None else f"clearance now {u.clearance}", qids,
+                qids = self.core.revoke_user(user, why)
+                log.warning("revoked %s (%s): queries %s stop after instant %s", user, why, qids,
                             self.core.pipeline.chunker.closed_until - 1)
                 gone.append(user)
+            else:
+                n = self.sessions.set_roles(user, getattr(u, "roles", ()))
+                if n:
+                    log.warning("roles of %s now %s (%d open session(s))", user,
+                                ", ".join(sorted(getattr(u, "roles", ()))), n)
         return gone
 
     def _run(self):
         while not self._stop.wait(self.interval):
-            self.check()
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - revocation must keep working: log, check again later
+                log.exception("users-file check failed; will check again")
+                self._stamp = None
 
 
 def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
-                 ready=None, stop_event: threading.Event | None = None, tls_dir=None, state_path=None) -> None:
+                 ready=None, stop_event: threading.Event | None = None, tls_dir=None, state_path=None,
+                 owner: str | None = None) -> None:
     """Run a master until SIGTERM/SIGINT (or ``stop_event``).
+
+    ``owner``: a user who has every role on this master (the private master of an
+    embedded run a user starts for themself); everyone else has the users file's roles.
 
     With ``tls_dir``: clients must present a ``client`` certificate of this
     level, and workers a ``worker`` certificate of this level.  With
@@ -313,7 +396,7 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     lv = config.lattice.parse(level)
     store = MasterStore(state_path, lv, config_fingerprint(config)) if state_path else None
     core = MasterCore(config, level, chunk_instants=chunk_instants, store=store)
-    sessions = Sessions(users, core.level, persist=store)
+    sessions = Sessions(users, core.level, persist=store, owner=owner)
     if store is not None:
         restored = core.restore()
         restored["sessions"] = sessions.restore()

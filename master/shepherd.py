@@ -1,9 +1,15 @@
 """The trusted stream shepherd: what a master of level L may ever hold.
 
 A master of level L accepts only tuples whose level L dominates; anything else
-is dropped on arrival, counted, and never stored, forwarded or logged (the
-dissertation's "a level-S master never receives a TS tuple").  A source logged
-in at level l may only write tuples of level l (restricted *-property).
+is dropped on arrival and never stored, forwarded, counted where another
+session can see it, or logged (the dissertation's "a level-S master never
+receives a TS tuple").  How many rows of a batch were dropped is told only to
+the producer that sent the batch (its ingest reply).  A source logged in at
+level l may only write tuples of level l (restricted *-property).
+
+:meth:`Shepherd.filter` is pure (no shared state), so the master runs it
+outside its lock: how many above-level rows a batch had never changes how
+long another session waits.
 """
 
 from __future__ import annotations
@@ -62,22 +68,28 @@ class Shepherd:
         fixed = pc.take(vals, pc.index_in(col, value_set=keys))
         return table.set_column(table.column_names.index("level"), "level", fixed), set(canon.values())
 
-    def admit(self, stream: str, table: pa.Table) -> pa.Table:
-        """Rows the master may hold; the rest are counted per stream, never kept.
+    def filter(self, table: pa.Table) -> tuple[pa.Table, int]:
+        """(rows the master may hold, how many were dropped); touches no shared state.
 
         A batch whose levels are all visible passes as it is (no per-tuple work beyond the
-        one pass that finds its distinct levels); one with none visible is dropped whole."""
+        one pass that finds its distinct levels); one with none visible is dropped whole.
+        A missing, null or unknown level refuses the whole batch (:class:`ShepherdError`)."""
         if table.num_rows == 0:
-            return table
+            return table, 0
         table, levels = self._canonical(table)
         visible = levels & self._visible_set
         if len(visible) == len(levels):
-            return table
+            return table, 0
         if not visible:
             kept = table.slice(0, 0)
         else:
             kept = table.filter(pc.is_in(table.column("level"), value_set=pa.array(sorted(visible), pa.string())))
-        n = table.num_rows - kept.num_rows
+        return kept, table.num_rows - kept.num_rows
+
+    def admit(self, stream: str, table: pa.Table) -> pa.Table:
+        """:meth:`filter`, counting the dropped rows per stream in ``dropped`` (tests and the
+        in-process runner; the master never shows this count to anyone)."""
+        kept, n = self.filter(table)
         if n:
             self.dropped[stream] += n
         return kept

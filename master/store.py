@@ -3,7 +3,8 @@
 One ordered event log, written before a call is acknowledged:
 
 * ``register``  a query (id, owner, text);
-* ``remove``    a query stopped (revocation, owner gone);
+* ``remove``    a query stopped: cancelled by its owner, failed (with its one-line error), or
+  revoked (owner removed or downgraded); with the last instant it covers (``revoked_after``);
 * ``ingest``    a batch the pipeline accepted (Arrow IPC bytes + the session's source level);
 * ``advance``   instants closed up to a timestamp, or ``finish``.
 

@@ -43,6 +43,11 @@ class ChunkTimings:
         self._done.append((max(0.0, sent - ready), rtt, engine, max(0.0, rtt - engine)))
         self.count += 1
 
+    def forget(self, chunk_id: int) -> None:
+        """A chunk released without a worker's result (given up, or no live query left)."""
+        self._ready.pop(chunk_id, None)
+        self._sent.pop(chunk_id, None)
+
     def summary(self) -> dict[str, float]:
         """``<part>_p50_ms`` / ``<part>_p99_ms`` over the recorded chunks, and ``chunks``."""
         if not self._done:

@@ -13,11 +13,16 @@ from strata.arrowio import from_ipc, to_ipc
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 
-__all__ = ["Client", "ClientError", "LoginFailed", "QueryRejected"]
+__all__ = ["Client", "ClientError", "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded"]
 
 
 class ClientError(RuntimeError):
-    pass
+    """A refused or failed call; ``code`` is the gRPC status name (``""`` if none)."""
+
+    def __init__(self, message: str, code: str = "", details: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.details = details or message
 
 
 class LoginFailed(ClientError):
@@ -26,6 +31,25 @@ class LoginFailed(ClientError):
 
 class QueryRejected(ClientError):
     pass
+
+
+class PermissionDenied(ClientError):
+    """The call needs a role (or a query) this session does not have; the message says which."""
+
+
+class SessionEnded(ClientError):
+    """The session was ended (revoked, downgraded, logged out) while a call or stream was open."""
+
+
+def _error(e: grpc.RpcError) -> ClientError:
+    """The one-line client error of a refused call."""
+    code = e.code()
+    details = (e.details() or "").strip()
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(details, code.name, details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return SessionEnded(f"{code.name}: {details}", code.name, details)
+    return ClientError(f"{code.name}: {details}", getattr(code, "name", ""), details)
 
 
 class Client:
@@ -55,6 +79,9 @@ class Client:
         self.timeout = timeout
         self.token: str | None = None
         self.level: str | None = None
+        self.roles: list[str] = []
+        #: how each query's result stream ended: query id → (state, error); error is "" unless it failed
+        self.ended: dict[str, tuple[str, str]] = {}
 
     def close(self) -> None:
         self.channel.close()
@@ -83,7 +110,7 @@ class Client:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise LoginFailed(e.details()) from None
             raise ClientError(f"{e.code().name}: {e.details()}") from None
-        self.token, self.level = r.token, r.level
+        self.token, self.level, self.roles = r.token, r.level, list(r.roles)
         return r.level
 
     def register(self, queries: list[str]) -> list[pb.RegisteredQuery]:
@@ -92,15 +119,20 @@ class Client:
                                            timeout=self.timeout).queries)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise QueryRejected(e.details()) from None
-            raise ClientError(f"{e.code().name}: {e.details()}") from None
+                raise QueryRejected(e.details(), e.code().name) from None
+            raise _error(e) from None
+
+    def _end(self, batch) -> None:
+        self.ended[batch.query_id] = (batch.state or "ended", batch.error)
 
     def subscribe(self, query_ids: list[str] | None = None, resume_after_ts: int = -1) -> Iterator[tuple[str, pa.Table | None]]:
-        """Yields (query_id, table) per result batch and (query_id, None) when a query ends."""
+        """Yields (query_id, table) per result batch and (query_id, None) when a query ends
+        (how it ended, and a failed query's error, are then in :attr:`ended`)."""
         stream = self.stub.Subscribe(pb.SubscribeRequest(query_ids=query_ids or [], resume_after_ts=resume_after_ts),
                                      metadata=self._md)
         for batch in stream:
             if batch.end:
+                self._end(batch)
                 yield batch.query_id, None
             else:
                 yield batch.query_id, from_ipc(batch.arrow)
@@ -131,6 +163,7 @@ class Client:
                     attempt = 0
                     if batch.end:
                         open_ids.discard(batch.query_id)
+                        self._end(batch)
                         yield batch.query_id, None
                         continue
                     last = acked.get(batch.query_id, -1)
@@ -145,7 +178,7 @@ class Client:
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or attempt > 0 and \
                         time.monotonic() > deadline:
-                    raise ClientError(f"{e.code().name}: {e.details()}") from None
+                    raise _error(e) from None
                 if attempt == 0:
                     deadline = time.monotonic() + reconnect_seconds
                 attempt += 1
@@ -164,11 +197,27 @@ class Client:
         try:
             return self.stub.Ingest(gen(), metadata=self._md, timeout=max(self.timeout, 600))
         except grpc.RpcError as e:
-            raise ClientError(f"{e.code().name}: {e.details()}") from None
+            raise _error(e) from None
 
     def advance(self, upto_ts: int = 0, finish: bool = False) -> int:
-        return self.stub.Advance(pb.AdvanceRequest(upto_ts=upto_ts, finish=finish), metadata=self._md,
-                                 timeout=self.timeout).chunks
+        """Close instants up to ``upto_ts`` (producer) or finish the input (producer or operator)."""
+        try:
+            return self.stub.Advance(pb.AdvanceRequest(upto_ts=upto_ts, finish=finish), metadata=self._md,
+                                     timeout=self.timeout).chunks
+        except grpc.RpcError as e:
+            raise _error(e) from None
+
+    def cancel(self, query_ids: list[str]) -> list[pb.QueryStatus]:
+        """Stop some of this user's queries from the next instant; returns their status."""
+        try:
+            return list(self.stub.Cancel(pb.CancelRequest(query_ids=query_ids), metadata=self._md,
+                                         timeout=self.timeout).queries)
+        except grpc.RpcError as e:
+            raise _error(e) from None
 
     def status(self) -> pb.StatusReply:
-        return self.stub.Status(pb.Empty(), metadata=self._md, timeout=self.timeout)
+        """The level, this session's roles and own queries; for operators also the cluster part."""
+        try:
+            return self.stub.Status(pb.Empty(), metadata=self._md, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _error(e) from None

@@ -1,4 +1,10 @@
-"""Cluster subcommands of ``strata``: worker, master, up, down, status, query, ingest, replay, demo."""
+"""Cluster subcommands of ``strata``: worker, master, up, down, status, query, ingest, advance, replay, demo.
+
+Exit codes beyond :mod:`strata.cli`'s (0 success, 1 error, 2 rejected query, input
+or advance, or bad usage, 3 failed login or ended session): 4 a query failed while
+it ran (its one-line error is on stderr), 5 permission denied (the call needs a
+role the session does not have; the line names it).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,12 @@ from pathlib import Path
 
 from .cli import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError, _config
 
-__all__ = ["add_parsers", "start_cluster", "stop_cluster"]
+__all__ = ["add_parsers", "start_cluster", "stop_cluster", "EXIT_FAILED", "EXIT_DENIED"]
+
+#: a query failed while it ran (``strata query``, ``strata replay``)
+EXIT_FAILED = 4
+#: the call needs a role the session does not have
+EXIT_DENIED = 5
 
 
 def _progress(msg: str) -> None:
@@ -105,9 +116,12 @@ def cmd_master(args) -> int:
         state_path = Path(args.state_dir) / f"master-{level_slug(cfg.lattice.parse(args.level))}.sqlite"
     elif not args.no_persist:
         _progress("WARNING: no --state-dir: queries, sessions and input are lost if this master stops")
+    if args.owner:
+        _progress(f"user {args.owner} has every role on this master (--owner)")
     try:
         serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
-                     ready=_ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path)
+                     ready=_ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path,
+                     owner=args.owner or None)
     except StateMismatch as e:  # the state file belongs to another level or configuration
         raise CliError(str(e)) from None
     return EXIT_OK
@@ -153,8 +167,12 @@ def cmd_certs(args) -> int:
 def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
                   multicast_port: int | None = None, spark_master: str = "local[1]", timeout: float = 180.0,
                   worker_env: dict[int, dict] | None = None, tls: bool = True,
-                  load_reading: str | None = "process") -> dict:
+                  load_reading: str | None = "process", owner: str | None = None) -> dict:
     """Start one master and ``workers`` workers per level as background processes.
+
+    ``owner``: a user who gets every role on these masters (``strata master --owner``): the
+    embedded runs a user starts for themself (``strata replay`` without ``--master``, the
+    demo).  Without it (``strata up``) sessions have the users file's roles.
 
     ``worker_env``: extra environment per worker index (e.g. an injected CPU reading).
     ``load_reading``: Algorithm 5's CPU reading for the workers (worker/load.py); all of them
@@ -196,6 +214,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                 cmd.append("--insecure")
             if role == "master":
                 cmd += ["--chunk-seconds", str(chunk_seconds)]
+                if owner:
+                    cmd += ["--owner", owner]
             else:
                 cmd += ["--spark-master", spark_master]
                 if load_reading:
@@ -365,42 +385,84 @@ def _login(address: str, user: str, level: str = "", tls_dir: str | None = None)
     return c
 
 
+def _client_call(fn, *a, what: str = "", **kw):
+    """Run a client call; a refusal becomes a one-line CliError with its exit code."""
+    from .client import ClientError, PermissionDenied, SessionEnded
+
+    try:
+        return fn(*a, **kw)
+    except PermissionDenied as e:
+        raise CliError(str(e), EXIT_DENIED) from None
+    except SessionEnded as e:
+        raise CliError(f"{what}{e}", EXIT_LOGIN) from None
+    except ClientError as e:
+        if e.code in ("OUT_OF_RANGE", "INVALID_ARGUMENT", "FAILED_PRECONDITION"):  # refused: the master's one line
+            raise CliError(f"{what}{e.details}", EXIT_REJECTED) from None
+        raise CliError(f"{what}{e}") from None
+
+
+def _query_rows(queries) -> list[dict]:
+    return [{"query": q.query_id, "state": q.state, "last_ts": q.last_ts, "text": q.text, "error": q.error}
+            | ({"stopped_after": q.stopped_after} if q.state not in ("running", "ended") else {})
+            for q in queries]
+
+
 def cmd_status(args) -> int:
     c = _login(args.master, args.user, _client_level(args), _client_tls(args))
-    st = c.status()
-    out = {
-        "level": st.level,
-        "workers": [{"sid": w.sid, "cpu": w.cpu, "pid": w.pid, "state": w.state,
-                     "chunks_done": w.chunks_done, "in_flight": w.in_flight} for w in st.workers],
-        "backlog": st.backlog_chunks,
-        "lag": st.lag_seconds,
-        "rejected": dict(st.rejected),
-        "counters": dict(st.counters),
-        "timings": dict(st.timings),
-    }
+    try:
+        st = _client_call(c.status)
+    finally:
+        c.close()
+    out = {"level": st.level, "user": st.user, "roles": list(st.roles), "queries": _query_rows(st.queries)}
+    if st.cluster:  # operators: the cluster part
+        out.update({
+            "workers": [{"sid": w.sid, "cpu": round(w.cpu, 1), "pid": w.pid, "state": w.state,
+                         "chunks_done": w.chunks_done, "in_flight": w.in_flight} for w in st.workers],
+            "backlog": st.backlog_chunks,
+            "ready": st.ready_chunks,
+            "lag": st.lag_seconds,
+            "rejected": dict(st.rejected),
+            "counters": dict(st.counters),
+            "timings": dict(st.timings),
+            "last_chunk_error": st.last_chunk_error,
+        })
     if args.json:
         print(json.dumps(out))
-    else:
-        print(f"level {out['level']}: {len(out['workers'])} workers, backlog {out['backlog']} chunks, lag {out['lag']}")
+        return EXIT_OK
+    print(f"level {out['level']}: {out['user']}.{out['level']} with roles {', '.join(out['roles']) or 'none'}; "
+          f"{len(out['queries'])} queries of yours")
+    for q in out["queries"]:
+        last = "none yet" if q["last_ts"] < 0 else q["last_ts"]
+        print(f"  {q['query']}  {q['state']:<9}  last instant {last}  {q['text']}")
+        if q["error"]:
+            print(f"      error: {q['error']}")
+    if st.cluster:
+        print(f"cluster: {len(out['workers'])} workers, backlog {out['backlog']} chunks, lag {out['lag']}")
         for w in out["workers"]:
             print(f"  {w['sid']}  cpu {w['cpu']:5.1f}%  {w['state']}  done {w['chunks_done']}  in flight {w['in_flight']}")
         if out["rejected"]:
-            print("  rejected: " + ", ".join(f"{k}={v}" for k, v in out["rejected"].items()))
+            print("  rejected: " + ", ".join(f"{k}={v}" for k, v in sorted(out["rejected"].items())))
+        if out["counters"]:
+            print("  counters: " + ", ".join(f"{k}={v}" for k, v in sorted(out["counters"].items())))
+        if out["last_chunk_error"]:
+            print(f"  last chunk error: {out['last_chunk_error']}")
         t = out["timings"]
         if t:
             print(f"  last {int(t['chunks'])} chunks, ms p50/p99: " + ", ".join(
                 f"{part} {t[f'{part}_p50_ms']:g}/{t[f'{part}_p99_ms']:g}" for part in ("wait", "rtt", "engine", "transport")))
-    c.close()
     return EXIT_OK
 
 
 def _register(c, queries: list[str]):
     from .client import QueryRejected
 
-    try:
-        regs = c.register(queries)
-    except QueryRejected as e:
-        raise CliError(str(e).replace("\n", " "), EXIT_REJECTED) from None
+    def register():
+        try:
+            return c.register(queries)
+        except QueryRejected as e:  # before the general mapping: a rejected query exits 2
+            raise CliError(str(e).replace("\n", " "), EXIT_REJECTED) from None
+
+    regs = _client_call(register)
     for r in regs:
         _progress(f"{r.query_id}: {r.rewritten}")
     return regs
@@ -416,10 +478,53 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _print_queries(rows: list[dict], fmt: str) -> None:
+    if fmt == "json":
+        for r in rows:
+            print(json.dumps(r))
+        return
+    w = csv.writer(sys.stdout)
+    w.writerow(["query", "state", "last_ts", "text", "error"])
+    for r in rows:
+        w.writerow([r["query"], r["state"], r["last_ts"], r["text"], r["error"]])
+
+
 def cmd_query(args) -> int:
+    """``strata query --query TEXT...`` (register and stream), ``strata query list``,
+    ``strata query cancel ID...``."""
+    missing = [f"--{n}" for n in ("config", "master", "user") if not getattr(args, n, None)]
+    if missing:
+        raise CliError(f"strata query needs {', '.join(missing)}", EXIT_REJECTED)
+    if args.action is None and not args.query:
+        raise CliError("give --query TEXT (repeatable), or `list`, or `cancel ID...`", EXIT_REJECTED)
+    if args.action is not None and args.query:
+        raise CliError(f"`strata query {args.action}` takes no --query", EXIT_REJECTED)
+    if args.action == "cancel" and not args.ids:
+        raise CliError("`strata query cancel` needs the ids of the queries to stop (see `strata query list`)",
+                       EXIT_REJECTED)
+    if args.action == "list" and args.ids:
+        raise CliError("`strata query list` takes no ids", EXIT_REJECTED)
+    c = _login(args.master, args.user, _client_level(args), _client_tls(args))
+    if args.action is not None:
+        try:
+            if args.action == "list":
+                rows = _query_rows(_client_call(c.status).queries)
+            else:
+                rows = _query_rows(_client_call(c.cancel, list(args.ids)))
+                for r in rows:
+                    last = r.get("stopped_after", r["last_ts"])
+                    _progress(f"{r['query']} {r['state']}" + (f": no instant after {last} is computed"
+                                                              if r["state"] == "cancelled" else ""))
+        finally:
+            c.close()
+        _print_queries(rows, args.format)
+        return EXIT_OK
+    return _follow_queries(c, args)
+
+
+def _follow_queries(c, args) -> int:
     from .client import ClientError
 
-    c = _login(args.master, args.user, _client_level(args), _client_tls(args))
     regs = _register(c, args.query)
     names = {r.query_id: list(r.columns) for r in regs}
     writer = csv.writer(sys.stdout) if args.format == "csv" else None
@@ -431,10 +536,18 @@ def cmd_query(args) -> int:
             _progress(f"lost the master; reconnecting for up to {args.reconnect_seconds:.0f} s and resuming "
                       f"after the last instant received")
 
+    failed = []
     try:
         for qid, table in c.follow([r.query_id for r in regs], reconnect_seconds=args.reconnect_seconds,
                                    on_reconnect=reconnecting):
             if table is None:
+                state, error = c.ended.get(qid, ("ended", ""))
+                sys.stdout.flush()
+                if state == "failed":
+                    failed.append(qid)
+                    print(f"strata: query {qid} failed: {error}", file=sys.stderr, flush=True)
+                elif state != "ended":
+                    _progress(f"{qid} {state}")
                 continue
             for row in table.to_pylist():
                 if writer:
@@ -445,10 +558,14 @@ def cmd_query(args) -> int:
     except KeyboardInterrupt:
         pass
     except ClientError as e:
-        raise CliError(f"result stream failed: {e}") from None
+        _client_call(_raise, e, what="result stream failed: ")
     finally:
         c.close()
-    return EXIT_OK
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _raise(e):
+    raise e
 
 
 def read_input(cfg, stream: str, path: str):
@@ -509,14 +626,30 @@ def cmd_ingest(args) -> int:
             sent += t.num_rows
             yield stream, t
 
-    reply = c.ingest(paced(), labelled=args.labelled)
-    if args.finish:
-        c.advance(finish=True)
-    c.close()
+    try:
+        reply = _client_call(c.ingest, paced(), labelled=args.labelled, what="ingest stopped: ")
+        if args.finish and not reply.error:
+            _client_call(c.advance, finish=True)
+    finally:
+        c.close()
     _progress(f"sent {sent}/{total} tuples: accepted {reply.accepted}, dropped by shepherd "
               f"{reply.dropped_by_shepherd}, rejected batches {reply.rejected}")
     if reply.error:
         raise CliError(f"ingest stopped: {reply.error}", EXIT_REJECTED)
+    return EXIT_OK
+
+
+def cmd_advance(args) -> int:
+    """Close instants up to ``--upto`` (producer) or finish the input (producer or operator)."""
+    if (args.upto is None) == (not args.finish):
+        raise CliError("give exactly one of --upto N or --finish", EXIT_REJECTED)
+    c = _login(args.master, args.user, _client_level(args), _client_tls(args))
+    try:
+        n = _client_call(c.advance, upto_ts=args.upto or 0, finish=args.finish)
+    finally:
+        c.close()
+    _progress(("finished the input" if args.finish else f"closed the instants up to {args.upto}") +
+              f": {n} chunks cut")
     return EXIT_OK
 
 
@@ -537,12 +670,13 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             from .users import UserStore
 
             u = UserStore(cfg.users_path, cfg.lattice).load().get(user)
-            if u is None:
+            if u is None or getattr(u, "clearance", None) is None:
                 raise CliError("login failed: unknown user or wrong password", EXIT_LOGIN)
             level = u.clearance
         tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
-        _progress(f"starting an embedded cluster at level {level} with {workers} workers")
-        started = start_cluster(config_path, [level], workers, tmp, chunk_seconds)
+        _progress(f"starting an embedded cluster at level {level} with {workers} workers "
+                  f"(user {user} has every role on it)")
+        started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user)
         master, tls_dir = started["masters"][cfg.lattice.parse(level)], started["tls_dir"]
     try:
         c = _login(master, user, level or "", tls_dir)
@@ -562,26 +696,31 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         th.start()
         total = sum(t.num_rows for _, t in data)
         _progress(f"replaying {total} tuples")
-        reply = c.ingest(_batches(data), labelled=True)
+        reply = _client_call(c.ingest, _batches(data), labelled=True, what="input rejected: ")
         if reply.error:
             raise CliError(f"input rejected: {reply.error}", EXIT_REJECTED)
-        c.advance(finish=True)
+        _client_call(c.advance, finish=True)
         t0 = time.monotonic()
         while th.is_alive():
             th.join(timeout=5)
             if th.is_alive():
-                st = c.status()
-                _progress(f"waiting for results: backlog {st.backlog_chunks} chunks ({time.monotonic() - t0:.0f} s)")
+                st = _client_call(c.status)
+                done = ", ".join(f"{q.query_id} {'-' if q.last_ts < 0 else q.last_ts}" for q in st.queries
+                                 if q.query_id in results)
+                _progress(f"waiting for results ({time.monotonic() - t0:.0f} s); last instant per query: {done}")
         if error:
             raise CliError(f"result stream failed: {error[0]}")
         _write_outputs(output, regs, results)
         c.close()
         _progress(f"accepted {reply.accepted} tuples ({reply.dropped_by_shepherd} above level {c.level} dropped); "
                   f"wrote {output}")
+        failed = {q: e for q, (state, e) in c.ended.items() if state == "failed"}
+        for q, e in failed.items():
+            print(f"strata: query {q} failed: {e}", file=sys.stderr, flush=True)
     finally:
         if tmp is not None:
             stop_cluster(tmp)
-    return EXIT_OK
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _write_outputs(output: str, regs, results) -> None:
@@ -641,6 +780,9 @@ def add_parsers(sub) -> None:
     m.add_argument("--chunk-seconds", type=float, default=1.0)
     m.add_argument("--no-persist", action="store_true",
                    help="keep queries, sessions and input in memory only (a restart loses them)")
+    m.add_argument("--owner", metavar="USER",
+                   help="a user who has every role on this master (a private master of one user's embedded "
+                        "run; others have the users file's roles)")
     m.set_defaults(func=cmd_master)
 
     up = sub.add_parser("up", help="start an embedded local cluster in the background")
@@ -665,25 +807,36 @@ def add_parsers(sub) -> None:
     down.add_argument("--state-dir", required=True)
     down.set_defaults(func=cmd_down)
 
-    def client(p):
-        p.add_argument("--config", required=True)
-        p.add_argument("--master", required=True, help="the master's host:port")
-        p.add_argument("--user", required=True, help="password from STRATA_PASSWORD (or prompted)")
-        p.add_argument("--level", help="login level (default: the master's)")
-        p.add_argument("--tls-dir", help="client certificate from `strata certs` (default: $STRATA_TLS_DIR)")
+    def client(p, required: bool = True, keep_parent: bool = False):
+        """The client options.  ``keep_parent``: a sub-action's copy (``query cancel``) that leaves
+        what was given before the action word alone (argparse copies a subparser's defaults over)."""
+        kw = {"default": argparse_suppress()} if keep_parent else {}
+        p.add_argument("--config", required=required, **kw)
+        p.add_argument("--master", required=required, help="the master's host:port", **kw)
+        p.add_argument("--user", required=required, help="password from STRATA_PASSWORD (or prompted)", **kw)
+        p.add_argument("--level", help="login level (default: the master's)", **kw)
+        p.add_argument("--tls-dir", help="client certificate from `strata certs` (default: $STRATA_TLS_DIR)", **kw)
 
-    st = sub.add_parser("status", help="the group of a master's level")
+    st = sub.add_parser("status", help="your level, roles and queries; for operators also the level group")
     client(st)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
-    q = sub.add_parser("query", help="register queries and stream results (Ctrl-C to stop)")
-    client(q)
-    q.add_argument("--query", action="append", required=True)
+    q = sub.add_parser("query", help="register queries and stream results (Ctrl-C to stop); "
+                                     "`query list`, `query cancel ID...` (your own queries)")
+    client(q, required=False)  # checked in cmd_query: they may also follow `list`/`cancel`
+    q.add_argument("--query", action="append", help="a query to register and follow (repeatable)")
     q.add_argument("--format", choices=["csv", "json"], default="csv")
     q.add_argument("--reconnect-seconds", type=float, default=120.0,
                    help="how long to wait for a restarted master before giving up")
-    q.set_defaults(func=cmd_query)
+    q.set_defaults(func=cmd_query, ids=[])
+    qsub = q.add_subparsers(dest="action", metavar="ACTION", required=False)
+    ql = qsub.add_parser("list", help="your queries: id, state, last released instant, rewritten text, error")
+    qc = qsub.add_parser("cancel", help="stop some of your queries from the next instant")
+    qc.add_argument("ids", nargs="+", metavar="ID", help="query ids (see `strata query list`)")
+    for sp in (ql, qc):
+        client(sp, required=False, keep_parent=True)
+        sp.add_argument("--format", choices=["csv", "json"], default=argparse_suppress())
 
     ing = sub.add_parser("ingest", help="send a CSV/JSONL file of tuples to a master")
     client(ing)
@@ -692,6 +845,14 @@ def add_parsers(sub) -> None:
     ing.add_argument("--labelled", action="store_true", help="rows carry their own level column")
     ing.add_argument("--finish", action="store_true", help="close all instants after sending")
     ing.set_defaults(func=cmd_ingest)
+
+    adv = sub.add_parser("advance", help="close instants up to a timestamp (producer) or finish the input "
+                                         "(producer or operator)")
+    client(adv)
+    adv.add_argument("--upto", type=int, help="close every instant up to this one (at most [limits] "
+                                              "advance_horizon past the latest ingested)")
+    adv.add_argument("--finish", action="store_true", help="close every instant holding a tuple; no more input")
+    adv.set_defaults(func=cmd_advance)
 
     r = sub.add_parser("replay", help="replay files through a cluster and write every result")
     r.add_argument("--config", required=True)

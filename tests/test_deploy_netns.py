@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from strata.config import load_config
-from strata.users import UserStore
+from strata.users import ROLES, UserStore
 
 from .conftest import BATTLEFIELD_TOML
 from .polling import poll as _poll
@@ -207,8 +207,8 @@ def deployed(topo, tmp_path_factory):
     cfg = d / "strata.toml"
     cfg.write_text(BATTLEFIELD_TOML)
     store = UserStore(load_config(cfg).users_path, load_config(cfg).lattice)
-    store.add("sam", "S", PASSWORD, replace=True)
-    store.add("tess", "TS", PASSWORD, replace=True)
+    store.add("sam", "S", PASSWORD, replace=True, roles=ROLES)  # ingest, query and cluster status
+    store.add("tess", "TS", PASSWORD, replace=True, roles=ROLES)
     tls = _tls_available()
     inv = d / "inventory.toml"
     inv.write_text(INVENTORY.format(state=d / "state", python=PY, ns=topo.ns, tls="true" if tls else "false",

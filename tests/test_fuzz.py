@@ -103,3 +103,49 @@ def test_login_fuzz(tmp_path_factory, battlefield, user, password):
         store.add("ann", "S", "pw")
     with pytest.raises(AuthError):
         store.authenticate(user, password + "\x00", "S")
+
+
+# ---- non-interference of the master's own replies (issue 12) -------------------------------------------
+_TS_VALUES = st.one_of(st.integers(-2, 12), st.sampled_from([2**53 - 1, 2**53, 2**63 - 1]))
+_BATCH = st.tuples(
+    st.sampled_from(["Vitals", "vitals", "Nope"]),
+    st.lists(st.tuples(_TS_VALUES, st.sampled_from(["U", "C", "S", "TS"]), st.booleans()), max_size=6),
+)
+
+
+def _core_answer(core, call):
+    try:
+        return ("ok", call())
+    except (ValueError, ChunkingError, ShepherdError) as e:
+        return (type(e).__name__, str(e))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(_BATCH, min_size=1, max_size=5), upto=st.integers(-1, 4000))
+def test_master_replies_do_not_depend_on_above_level_rows(battlefield, batches, upto):
+    """A master of level S fed random labelled batches, and one fed the same batches without their TS
+    rows: every answer an S session can get (accepted counts, error texts, advance refusals, the
+    operator's status but for timings) is the same.  A TS row may carry a value of another type."""
+    from strata.master.core import MasterCore
+
+    cores = [MasterCore(battlefield, "S"), MasterCore(battlefield, "S")]
+    for core in cores:
+        core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 2]"])
+    answers: list[list] = [[], []]
+    for stream, rows in batches:
+        for i, core in enumerate(cores):
+            mine = rows if i == 0 else [r for r in rows if r[1] != "TS"]
+            junk = any(r[1] == "TS" and r[2] for r in mine)  # a TS row whose bp is not a number
+            bp = [("junk" if r[2] else "1.5") if r[1] == "TS" else "2.5" for r in mine] if junk else \
+                [2.5 if r[1] != "TS" else 1.5 for r in mine]
+            t = pa.table({"ts": pa.array([r[0] for r in mine], pa.int64()),
+                          "level": pa.array([r[1] for r in mine], pa.string()),
+                          "sid": ["a"] * len(mine), "bp": bp, "pr": [1.0] * len(mine), "weight": [1.0] * len(mine)})
+            out = _core_answer(core, lambda: core.ingest(stream, t, None)[0])  # [1] is the producer's own
+            answers[i].append(out)
+    for i, core in enumerate(cores):
+        answers[i].append(_core_answer(core, lambda: core.advance(upto_ts=upto)))
+        st_ = core.status()
+        st_.pop("timings")
+        answers[i].append(st_)
+    assert answers[0] == answers[1]

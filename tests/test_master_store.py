@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from strata.chunking.codec import encode_chunk
+from strata.chunking.model import ChunkResult
 from strata.config import parse_config
 from strata.examples import BATTLEFIELD_TOML
 from strata.master.core import MasterCore
@@ -138,7 +139,12 @@ def test_revocation_stops_only_that_users_queries_and_survives_restart(tmp_path)
     core.ingest("Vitals", vitals(1, 8), None)
     core.advance(upto_ts=3)
     assert core.revoke_user("ann") == [a]
-    assert core.queries[a].revoked_after == 3 and core.queries[a].ended  # instants <= 3 were closed
+    assert core.queries[a].revoked_after == 3 and core.queries[a].state == "revoked"  # instants <= 3 were closed
+    assert not core.queries[a].ended  # the chunks it was cut into before the switch are still to be released
+    for cid in sorted(core.pipeline.chunks):  # results of those chunks still deliver, then the query ends
+        core.on_result(cid, "w1", [ChunkResult(qc.query_id, cid, pa.table({"ts": [qc.instants[0]]}))
+                                   for qc in core.pipeline.chunks[cid].queries])
+    assert core.queries[a].ended and core.queries[a].last_ts == 3 and core.queries[a].results
     core.ingest("Vitals", vitals(4, 8), None)
     new = core.advance(upto_ts=7)
     later = [c for c in core.pipeline.chunks.values() if c.first_ts >= 4]

@@ -21,14 +21,16 @@ class LoginRequest(_message.Message):
     def __init__(self, user: _Optional[str] = ..., password: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
 
 class LoginReply(_message.Message):
-    __slots__ = ("token", "level", "master_level")
+    __slots__ = ("token", "level", "master_level", "roles")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     MASTER_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     token: str
     level: str
     master_level: str
-    def __init__(self, token: _Optional[str] = ..., level: _Optional[str] = ..., master_level: _Optional[str] = ...) -> None: ...
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token: _Optional[str] = ..., level: _Optional[str] = ..., master_level: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("queries",)
@@ -63,18 +65,22 @@ class SubscribeRequest(_message.Message):
     def __init__(self, query_ids: _Optional[_Iterable[str]] = ..., resume_after_ts: _Optional[int] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("query_id", "first_ts", "last_ts", "arrow", "end")
+    __slots__ = ("query_id", "first_ts", "last_ts", "arrow", "end", "error", "state")
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TS_FIELD_NUMBER: _ClassVar[int]
     LAST_TS_FIELD_NUMBER: _ClassVar[int]
     ARROW_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     query_id: str
     first_ts: int
     last_ts: int
     arrow: bytes
     end: bool
-    def __init__(self, query_id: _Optional[str] = ..., first_ts: _Optional[int] = ..., last_ts: _Optional[int] = ..., arrow: _Optional[bytes] = ..., end: _Optional[bool] = ...) -> None: ...
+    error: str
+    state: str
+    def __init__(self, query_id: _Optional[str] = ..., first_ts: _Optional[int] = ..., last_ts: _Optional[int] = ..., arrow: _Optional[bytes] = ..., end: _Optional[bool] = ..., error: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class IngestBatch(_message.Message):
     __slots__ = ("stream", "arrow", "labelled")
@@ -147,7 +153,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings")
+    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings", "user", "roles", "queries", "cluster", "last_chunk_error")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +183,11 @@ class StatusReply(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     READY_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHUNK_ERROR_FIELD_NUMBER: _ClassVar[int]
     level: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     backlog_chunks: int
@@ -185,7 +196,40 @@ class StatusReply(_message.Message):
     counters: _containers.ScalarMap[str, int]
     ready_chunks: int
     timings: _containers.ScalarMap[str, float]
-    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    user: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    queries: _containers.RepeatedCompositeFieldContainer[QueryStatus]
+    cluster: bool
+    last_chunk_error: str
+    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ..., user: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ..., cluster: _Optional[bool] = ..., last_chunk_error: _Optional[str] = ...) -> None: ...
+
+class QueryStatus(_message.Message):
+    __slots__ = ("query_id", "text", "state", "last_ts", "error", "stopped_after")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_TS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    text: str
+    state: str
+    last_ts: int
+    error: str
+    stopped_after: int
+    def __init__(self, query_id: _Optional[str] = ..., text: _Optional[str] = ..., state: _Optional[str] = ..., last_ts: _Optional[int] = ..., error: _Optional[str] = ..., stopped_after: _Optional[int] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("query_ids",)
+    QUERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    query_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CancelReply(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[QueryStatus]
+    def __init__(self, queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ...) -> None: ...
 
 class QuerySpec(_message.Message):
     __slots__ = ("query_id", "text", "level")

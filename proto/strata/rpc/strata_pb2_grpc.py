@@ -70,6 +70,11 @@ class MasterStub:
                 request_serializer=strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
                 response_deserializer=strata_dot_rpc_dot_strata__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/strata.rpc.Master/Cancel',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.CancelRequest.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.CancelReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -91,36 +96,46 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Register(self, request, context):
-        """Register continuous queries for this session; each is rewritten and shown.
+        """Every call below needs a role of the session's user (users file, `strata users set-roles`);
+        a call outside them fails with PERMISSION_DENIED and a one-line reason naming the role.
+        Register continuous queries for this session (analyst); each is rewritten and shown.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Subscribe(self, request, context):
-        """Stream results of this session's queries, in instant order.
+        """Stream results of this user's queries, in instant order (analyst).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Ingest(self, request_iterator, context):
-        """Push tuples of one stream (Arrow IPC); the session's level is the source level
-        unless the session is an administrator replaying labelled data.
+        """Push tuples of one stream (Arrow IPC; producer); the session's level is the source level
+        unless the batch is labelled (a replay of rows that carry their levels).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Advance(self, request, context):
-        """Close instants up to a timestamp (replay) or finish all input.
+        """Close instants up to a timestamp (producer) or finish all input (producer or operator).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every session: its level, roles and own queries; operators also the cluster part.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Stop some of this user's queries from the next instant (analyst).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -162,6 +177,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=strata_dot_rpc_dot_strata__pb2.Empty.FromString,
                     response_serializer=strata_dot_rpc_dot_strata__pb2.StatusReply.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.CancelRequest.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.CancelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -354,6 +374,33 @@ class Master:
             '/strata.rpc.Master/Status',
             strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
             strata_dot_rpc_dot_strata__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strata.rpc.Master/Cancel',
+            strata_dot_rpc_dot_strata__pb2.CancelRequest.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,
