@@ -10,6 +10,11 @@ markdown table on stdout and in ``docs/benchmarks/engine_micro.md``.
 
     .venv/bin/python bench/engine_micro.py                     # 1k/10k/50k × 1/4 instants
     .venv/bin/python bench/engine_micro.py --sizes 1000 10000 --reps 3
+    .venv/bin/python bench/engine_micro.py --queries long-arith long-sum group-long-sum state-long-sum --out -
+
+The ``long-*`` queries use 64-bit arithmetic and SUM/AVG of longs (``ts``), whose
+overflow checks (SEMANTICS §8) are the only per-row cost queries over doubles do
+not pay.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ QUERIES = {
 EXTRA = {
     "range-group": "SELECT sid, AVG(bp) FROM Vitals[RANGE 1 SECONDS] GROUP BY sid",
     "state-group": "SELECT sid, AVG(bp) FROM Vitals GROUP BY sid",
+    # 64-bit integer arithmetic and SUM/AVG of longs (checked for overflow; SEMANTICS §8 Arithmetic)
+    "long-arith": "SELECT sid, ts * 2 + 1 AS t2 FROM Vitals[ROWS 100] WHERE ts % 2 = 0 AND ts - 1 >= 0",
+    "long-sum": "SELECT SUM(ts), AVG(ts) FROM Vitals[ROWS 100]",
+    "group-long-sum": "SELECT sid, SUM(ts), COUNT(*) FROM Vitals[RANGE 1 SECONDS] GROUP BY sid",
+    "state-long-sum": "SELECT sid, SUM(ts), MAX(ts) - MIN(ts) FROM Vitals GROUP BY sid",
 }
 ALL = {**QUERIES, **EXTRA}
 LEVELS = np.array(["U", "C", "S", "TS"])

@@ -23,6 +23,16 @@ one run of instants, with no state kept on the worker between chunks:
 A :class:`ChunkResult` carries the output rows (``ts``, ``level``, then the
 query's output columns) for ``instants`` only, and, for STATE queries, the state
 after ``instants[-1]``.
+
+A query that *fails* in a chunk (SEMANTICS §8: integer overflow, or an error
+while compiling or evaluating it on the worker) gets a ChunkResult with
+``error`` (one line, no stack trace) and ``error_ts`` (the first instant of
+``instants`` whose evaluation fails; ``None`` only if the chunk has no instant
+for the query), ``rows`` holding exactly its output for the instants before
+``error_ts`` (possibly none; a query that does not compile has only ``ts`` and
+``level`` columns), and no state.  The result does not depend on how the input
+was chunked: the master releases those rows, then stops the query with the
+error at ``error_ts``.  The chunk's other queries get their normal results.
 """
 
 from __future__ import annotations
@@ -89,7 +99,7 @@ class ChunkResult:
     stats: dict = field(default_factory=dict)
     #: the query failed (integer overflow, an engine error): a one-line reason, safe to show its owner.
     #: ``rows`` then hold its output for the instants before ``error_ts`` only, and the query stops at
-    #: ``error_ts`` (the first instant whose evaluation failed); ``state`` is None.
+    #: ``error_ts`` (the first instant whose evaluation failed); ``state`` and ``state_upto`` are None.
     error: str | None = None
     error_ts: int | None = None
 

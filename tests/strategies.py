@@ -10,6 +10,11 @@
   covering every window kind, window level clauses, level and value
   conditions, arithmetic, joins, grouping, aggregates and R2S operators.
 
+``extremes`` (opt-in, for the overflow rules of SEMANTICS §8): streams draw their
+64-bit integers near ±2**62 and ±2**63 in that fraction of examples (mixed with
+small ones, so sums overflow and come back into range), and queries add
+overflow-prone arithmetic and literals near the limits.
+
 Works for any config; tuned for ``battlefield`` and ``chinese_wall``.
 """
 
@@ -35,12 +40,19 @@ def example_settings(env_var: str, default: int):
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
 
-__all__ = ["stream_rows", "multistream", "queries", "query_levels", "STRINGS", "DOUBLES", "LONGS"]
+__all__ = ["stream_rows", "multistream", "queries", "query_levels", "STRINGS", "DOUBLES", "LONGS", "BIG_LONGS"]
 
 #: small value domains: joins and groups collide often
 STRINGS = ("a", "b", "c")
 DOUBLES = (100.0, 100.0, 110.5, 120.0, 125.25, 80.0, 0.0, -2.5)
 LONGS = (0, 1, 2, 3, 5, 7, -1, -4)
+#: 64-bit integers near the limits: x * 2 overflows from ±2**62, x + 1 at 2**63 - 1, -x at -2**63,
+#: and a few of them overflow a SUM
+BIG_LONGS = (2**62, 2**62 + 1, -(2**62), 3 * 2**61, -3 * 2**61, 2**63 - 1, 2**63 - 2, -(2**63), -(2**63) + 1,
+             4 * 10**18, -4 * 10**18, 4 * 10**18)
+#: literals near the limits (with ``extremes``)
+BIG_LITERALS = ("4611686018427387904", "9223372036854775807", "-9223372036854775808", "3000000000000000000",
+                "-4611686018427387905")
 NUMERIC = ("double", "long", "timestamp")
 
 
@@ -65,13 +77,13 @@ def _level_strategy(lat: Lattice, levels) -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(all_levels), st.sampled_from(low), st.sampled_from(lowest))
 
 
-def _value_strategy(typ: str) -> st.SearchStrategy:
+def _value_strategy(typ: str, extremes: bool = False) -> st.SearchStrategy:
     if typ == "double":
         return st.sampled_from(DOUBLES + (None,))
     if typ == "long":
-        return st.sampled_from(LONGS + LONGS + (None,))
+        return st.sampled_from(LONGS + LONGS + (None,) + (BIG_LONGS + BIG_LONGS if extremes else ()))
     if typ == "timestamp":
-        return st.sampled_from((1, 2, 3, 4, 5, 1, 2, 3, 4, 5, None))
+        return st.sampled_from((1, 2, 3, 4, 5, 1, 2, 3, 4, 5, None) + (BIG_LONGS if extremes else ()))
     if typ == "boolean":
         return st.sampled_from((True, False, True, False, None))
     return st.sampled_from(STRINGS + STRINGS + STRINGS + (None,))
@@ -86,14 +98,16 @@ def stream_rows(
     max_instants: int = 6,
     max_per_instant: int = 8,
     start: int = 0,
+    extremes: bool = False,
 ) -> list[dict]:
-    """Tuples of ``stream`` in arrival order: ``{"ts", "level", attrs...}``."""
+    """Tuples of ``stream`` in arrival order: ``{"ts", "level", attrs...}`` (``extremes``: 64-bit
+    attributes also take values near the limits)."""
     schema = config.stream(stream)
     if schema is None:
         raise ValueError(f"unknown stream {stream!r}")
     lat = config.lattice
     level_st = _level_strategy(lat, levels)
-    values = {c: _value_strategy(t) for c, t in schema.columns}
+    values = {c: _value_strategy(t, extremes) for c, t in schema.columns}
     n = draw(st.integers(1, max_instants)) if max_instants > 0 else 0
     ts = start
     rows: list[dict] = []
@@ -108,14 +122,17 @@ def stream_rows(
     return rows
 
 
-def multistream(config: Config, levels=None, max_instants: int = 6, max_per_instant: int = 8):
-    """``{stream name: rows}`` for every stream of ``config``."""
-    return st.fixed_dictionaries(
-        {
-            name: stream_rows(config, name, levels=levels, max_instants=max_instants, max_per_instant=max_per_instant)
-            for name in config.streams
-        }
-    )
+@st.composite
+def multistream(draw, config: Config, levels=None, max_instants: int = 6, max_per_instant: int = 8,
+                extremes: float = 0.0):
+    """``{stream name: rows}`` for every stream of ``config``; in a fraction ``extremes`` of the
+    examples the 64-bit attributes take values near the limits."""
+    big = extremes > 0 and draw(st.integers(0, 999), label="extreme values") < int(extremes * 1000)
+    return {
+        name: draw(stream_rows(config, name, levels=levels, max_instants=max_instants,
+                               max_per_instant=max_per_instant, extremes=big), label=name)
+        for name in config.streams
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -143,13 +160,14 @@ _ALIASES = (("x", "y"), ("v", "w"), ("s1", "s2"), ("left_", "right_"))
 
 
 class _Gen:
-    def __init__(self, draw, config: Config, level: str):
+    def __init__(self, draw, config: Config, level: str, extremes: bool = False):
         self.draw = draw
         self.config = config
         self.lat = config.lattice
         self.L = level
         self.dom = self.lat.sort(self.lat.dominated(level))
         self.upper = draw(st.booleans())  # keyword spelling
+        self.extremes = extremes
 
     # -- small helpers -----------------------------------------------------------
     def d(self, strategy):
@@ -325,7 +343,18 @@ class _Gen:
     def num_lit(self, typ: str) -> str:
         if typ == "double":
             return self.pick(("100", "100.0", "110.5", "120", "0", "-2.5", "115.0", "90"))
+        if self.extremes and self.chance(0.2):
+            return self.pick(BIG_LITERALS)
         return self.pick(("0", "1", "2", "3", "4", "-1", "5"))
+
+    def big_arith(self, ref: _Ref) -> str | None:
+        """An overflow-prone 64-bit expression over ``ref`` (with ``extremes``), or None."""
+        longs = ref.cols("long", "timestamp")
+        if not self.extremes or not longs:
+            return None
+        c, d = ref.col(self.pick(longs)), ref.col(self.pick(longs))
+        return self.pick((f"{c} + {d}", f"{c} * 3", f"{c} - {d}", f"-{c} - 1", f"{c} * {d}", f"{c} + 1",
+                          f"{c} - {self.pick(BIG_LITERALS)}", f"({c} + {d}) - {c}", f"{c} % 7 * 2"))
 
     def value_pred(self, refs: list[_Ref]) -> str:
         ref = self.pick(refs)
@@ -336,6 +365,9 @@ class _Gen:
             c = self.pick(numeric)
             typ = ref.schema.type_of(c)
             op = self.pick(("<=", ">=", "!=", "<", ">", "=", ">=", "<="))
+            big = self.big_arith(ref)
+            if big is not None and self.chance(0.4):
+                return f"{big} {op} {self.num_lit('long')}"
             shape = self.d(st.integers(0, 6))
             col = ref.col(c)
             if shape == 0:
@@ -432,6 +464,9 @@ class _Gen:
             f"{c} * 2", f"{c} + 1", f"-{c}", f"{c} / 4", f"{c} % 3", f"({c} - 100) / 3",
             f"{c} / {ref.col(self.pick(numeric))}", f"{ref.col('ts')} % 2",
         ))
+        big = self.big_arith(ref)
+        if big is not None and self.chance(0.5):
+            expr = big
         return f"{expr} {self.kw('as')} e{k}" if self.chance(0.7) else expr
 
     def agg_item(self, refs: list[_Ref], k: int) -> str:
@@ -445,6 +480,11 @@ class _Gen:
             n1, n2 = ref.col(self.pick(numeric)), ref.col(self.pick(numeric))
             choices += [f"SUM({n1})", f"AVG({n1})", f"AVG({n1} * 2)", f"MAX({n1}) - MIN({n1})",
                         f"SUM({n1}) / COUNT(*)", f"MIN({n2})", f"MAX({n2})", f"AVG({n2})"]
+        big = self.big_arith(ref)
+        if big is not None:
+            n1 = ref.col(self.pick(ref.cols("long", "timestamp")))
+            choices += [f"SUM({n1})", f"SUM({n1})", f"SUM({big})", f"AVG({big})", f"SUM({n1}) + SUM({n1})",
+                        f"MAX({n1}) - MIN({n1})", f"SUM({n1}) - MIN({n1})", f"COUNT({big})", f"MAX({big})"]
         e = self.pick(choices)
         if self.chance(0.25):
             e = e.replace("COUNT", "count").replace("AVG", "avg").replace("SUM", "Sum")
@@ -460,6 +500,8 @@ class _Gen:
             dbl = ref.schema.type_of(c) == "double"
             opts += [f"AVG({n}) >= {'100' if dbl else '2'}", f"SUM({n}) IS NOT NULL",
                      f"MIN({n}) < {'110.5' if dbl else '4'}", f"COUNT({n}) > 0"]
+            if self.extremes and not dbl:
+                opts += [f"MAX({n}) - MIN({n}) > 0", f"SUM({n}) + 1 > 0", f"MIN({n}) * 2 < 0"]
         if ref.cols("string"):
             opts.append(f"MAX({ref.col(self.pick(ref.cols('string')))}) != 'a'")
         for kref, kc in keys:
@@ -515,10 +557,11 @@ class _Gen:
 
 
 @st.composite
-def queries(draw, config: Config, level: str) -> str:
-    """Random MLS-CQL text that ``compile_query(text, config, level)`` accepts."""
+def queries(draw, config: Config, level: str, extremes: bool = False) -> str:
+    """Random MLS-CQL text that ``compile_query(text, config, level)`` accepts (``extremes``:
+    with overflow-prone 64-bit arithmetic and literals near the limits)."""
     lvl = config.lattice.parse(level)
-    text = _Gen(draw, config, lvl).query()
+    text = _Gen(draw, config, lvl, extremes).query()
     try:
         compile_query(text, config, lvl)
     except QueryError:

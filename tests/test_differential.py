@@ -1,10 +1,19 @@
-"""Distribution does not change the answer (SEMANTICS §6).
+"""Distribution does not change the answer (SEMANTICS §6), failures included (§8).
 
 Random multilevel streams and random queries run through the real master
-pipeline (shepherd, chunker with legacy windows, ordered merge) on 1-3 Spark
-engine instances, with random chunk lengths, random chunk-to-engine assignment
-and out-of-order completion; the output must equal the independent reference
-evaluator instant by instant.
+pipeline (shepherd, chunker with legacy windows, ROWS pruning) on 1-3 simulated
+workers (a Spark engine behind the worker's shared executor, sharing on or off),
+with random chunk lengths, random chunk-to-worker assignment, out-of-order
+completion or incremental cutting with running states.  Per query the chunk
+results are assembled as the master does (in chunk order; a query stops at its
+first error result and keeps the rows before ``error_ts``), and must equal the
+independent reference evaluator: the same rows instant by instant before the
+failing instant, and the same failing instant (the reasons' wording may differ).
+
+In a fraction of the examples the 64-bit attributes take values near ±2**62 and
+±2**63 and the queries carry overflow-prone arithmetic, so queries fail at
+various instants, SUMs overflow and come back into range, and a failing query
+shares its chunks with others that do not fail.
 """
 
 from __future__ import annotations
@@ -12,86 +21,127 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from strata.master.local import run_local
+from strata.config import parse_config
 from strata.mlscql import compile_query
 
-from .reference.evaluator import compare_results, evaluate
+from .distributed import run_distributed
+from .reference.evaluator import compare_results, evaluate_outcome
 from .strategies import example_settings, multistream, queries
-from .tables import inputs_of, rows_of
+from .tables import inputs_of
 
 pytestmark = pytest.mark.spark
 
 EXAMPLES, SETTINGS = example_settings("STRATA_DIFF_EXAMPLES", 25)
+#: fraction of examples whose 64-bit values are drawn near the limits
+EXTREMES = 0.4
+
+#: a deployment with 64-bit attributes (the example configs have almost none)
+LEDGER_TOML = """
+[lattice]
+levels = ["U", "C", "S", "TS"]
+
+[streams.Trades]
+acct = "string"
+qty = "long"
+px = "double"
+at = "timestamp"
+
+[streams.Limits]
+acct = "string"
+cap = "long"
+"""
 
 
 @pytest.fixture(scope="module")
-def engines(spark, battlefield, chinese_wall):
+def ledger():
+    return parse_config(LEDGER_TOML)
+
+
+@pytest.fixture(scope="module")
+def engines(spark, battlefield, chinese_wall, ledger):
     from strata.worker.engine import Engine
 
-    return {
-        "battlefield": [Engine(spark, battlefield) for _ in range(3)],
-        "chinese_wall": [Engine(spark, chinese_wall) for _ in range(3)],
-    }
+    return {id(c): [Engine(spark, c) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
 
 
-def _check(config, engines, data, n_queries):
+def _check(config, engines, data, n_queries, extremes: bool = True):
+    from strata.worker.shared import SharedExecutor
+
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
-    texts = [data.draw(queries(config, level), label=f"query{i}") for i in range(n_queries)]
-    streams = data.draw(multistream(config), label="streams")
+    texts = [data.draw(queries(config, level, extremes=extremes), label=f"query{i}") for i in range(n_queries)]
+    streams = data.draw(multistream(config, extremes=EXTREMES if extremes else 0.0), label="streams")
     k = data.draw(st.integers(1, 3), label="chunk_instants")
-    n = data.draw(st.integers(1, 3), label="engines")
+    n = data.draw(st.integers(1, 3), label="workers")
+    sharing = data.draw(st.booleans(), label="sharing")
+    incremental = data.draw(st.booleans(), label="cut incrementally (running states between chunks)")
     rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
     prune = data.draw(st.booleans(), label="prune ROWS windows as on the wire")
-    out = run_local(
-        config, level, texts, inputs_of(config, streams), engines[:n], chunk_instants=k,
-        assign=lambda c, m: rnd.randrange(m), shuffle=rnd, batch=rnd.choice([0, 1, 2]), prune=prune,
-    )
+    executors = [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
+    out = run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k,
+                          rnd=rnd, prune=prune, incremental=incremental)
     for i, text in enumerate(texts):
-        expected = evaluate(text, config, level, streams)
-        actual = rows_of(out[f"q{i + 1}"])
-        compare_results(actual, expected)
+        expected = evaluate_outcome(text, config, level, streams)
+        actual = out[f"q{i + 1}"]
+        event("query fails" if expected.error else "query does not fail")
+        assert actual.error_ts == expected.error_ts, (
+            f"{text}: fails at {actual.error_ts} ({actual.error}); "
+            f"the reference fails at {expected.error_ts} ({expected.error})")
+        assert (actual.error is None) == (expected.error is None)
+        compare_results(actual.rows, expected.rows)
 
 
 @SETTINGS
 @given(data=st.data())
 def test_battlefield_random_queries_equal_reference(battlefield, engines, data):
-    _check(battlefield, engines["battlefield"], data, n_queries=data.draw(st.integers(1, 2), label="n_queries"))
+    _check(battlefield, engines, data, n_queries=data.draw(st.integers(1, 2), label="n_queries"))
 
 
 @settings(SETTINGS, max_examples=max(5, EXAMPLES // 2))
 @given(data=st.data())
 def test_chinese_wall_random_queries_equal_reference(chinese_wall, engines, data):
-    _check(chinese_wall, engines["chinese_wall"], data, n_queries=1)
+    _check(chinese_wall, engines, data, n_queries=1)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_64_bit_arithmetic_and_failures_equal_reference(ledger, engines, data):
+    """Longs near the limits: overflowing expressions and SUMs fail their query at the
+    reference's instant, whatever the chunking; the other queries are unaffected."""
+    _check(ledger, engines, data, n_queries=data.draw(st.integers(1, 3), label="n_queries"))
 
 
 # ---- non-interference --------------------------------------------------------------
 @settings(SETTINGS, max_examples=max(5, EXAMPLES // 2))
 @given(data=st.data())
-def test_invisible_tuples_change_nothing(battlefield, engines, data):
+def test_invisible_tuples_change_nothing(ledger, engines, data):
     """Changing, adding or removing tuples a query cannot see changes none of its
-    outputs, their levels or their instants (not even when output appears)."""
-    level = data.draw(st.sampled_from(battlefield.lattice.levels[:-1]), label="level")
-    text = data.draw(queries(battlefield, level), label="query")
-    cq = compile_query(text, battlefield, level)
+    outputs, their levels or their instants (not even when output appears), nor
+    whether and when the query fails (invisible values near the limits included)."""
+    from strata.worker.shared import SharedExecutor
+
+    level = data.draw(st.sampled_from(ledger.lattice.levels[:-1]), label="level")
+    text = data.draw(queries(ledger, level, extremes=True), label="query")
+    cq = compile_query(text, ledger, level)
     visible = {}
     for item, f in zip(cq.items, cq.query.from_):
         visible.setdefault(item.stream, set()).update(f.window.levels)
-    streams = data.draw(multistream(battlefield), label="streams")
-    noise = data.draw(multistream(battlefield), label="noise")
+    streams = data.draw(multistream(ledger, extremes=EXTREMES), label="streams")
+    noise = data.draw(multistream(ledger, extremes=1.0), label="noise")
     mutated = {}
     for s, rows in streams.items():
         seen = visible.get(s, set())
-        hidden_levels = [lv for lv in battlefield.lattice.levels if lv not in seen]
+        hidden_levels = [lv for lv in ledger.lattice.levels if lv not in seen]
         keep = [r for r in rows if r["level"] in seen or data.draw(st.booleans(), label="keep hidden")]
         extra = [dict(r, level=data.draw(st.sampled_from(hidden_levels))) for r in noise.get(s, [])] if hidden_levels else []
         merged = sorted(keep + extra, key=lambda r: r["ts"])  # stable: visible order kept
         mutated[s] = merged
-    engs = engines["battlefield"][:2]
-    a = rows_of(run_local(battlefield, level, [text], inputs_of(battlefield, streams), engs)["q1"])
-    b = rows_of(run_local(battlefield, level, [text], inputs_of(battlefield, mutated), engs)["q1"])
-    assert sorted({r[0] for r in a}) == sorted({r[0] for r in b})  # same output instants
-    compare_results(b, a)
-    assert sorted((r[0], r[1]) for r in a) == sorted((r[0], r[1]) for r in b)  # same levels
+    executors = [SharedExecutor(e, ledger) for e in engines[id(ledger)][:2]]
+    a = run_distributed(ledger, level, [text], inputs_of(ledger, streams), executors)["q1"]
+    b = run_distributed(ledger, level, [text], inputs_of(ledger, mutated), executors)["q1"]
+    assert (a.error_ts, a.error) == (b.error_ts, b.error)
+    assert sorted({r[0] for r in a.rows}) == sorted({r[0] for r in b.rows})  # same output instants
+    compare_results(b.rows, a.rows)
+    assert sorted((r[0], r[1]) for r in a.rows) == sorted((r[0], r[1]) for r in b.rows)  # same levels

@@ -399,10 +399,18 @@ def test_string_literals_with_quotes_and_braces(engine, battlefield):
 
 def test_rejects_inconsistent_chunks(engine, battlefield):
     cq = compile_query("SELECT AVG(bp) FROM Vitals[ROWS 3]", battlefield, "U")
+    # the query's own problem: an error result for it (first instant, no rows), not an exception
+    bad = engine.run(cq, chunk([vitals([(1, "U", "A", 1), (2, "U", "A", 1)]), vitals([])], [1, 2]))
+    assert bad.error == "evaluation failed: chunk has 2 item tables; the query has 1 FROM items"
+    assert bad.error_ts == 1 and bad.rows.num_rows == 0 and bad.state is None
+    unknown = engine.run(cq, chunk([vitals([(1, "X", "A", 1)])], [1]))
+    assert unknown.error.startswith("evaluation failed: chunk holds a level the lattice does not contain")
+    assert unknown.error_ts == 1
+    # isolate=False (the shared executor's merged runs): the exception itself
     with pytest.raises(EngineError):
-        engine.run(cq, chunk([vitals([(1, "U", "A", 1)]), vitals([])], [1]))
+        engine.run(cq, chunk([vitals([(1, "U", "A", 1)]), vitals([])], [1]), isolate=False)
     with pytest.raises(EngineError):
-        engine.run(cq, chunk([vitals([(1, "X", "A", 1)])], [1]))
+        engine.run(cq, chunk([vitals([(1, "X", "A", 1)])], [1]), isolate=False)
     empty = engine.run(cq, chunk([vitals([])], []))
     assert empty.rows.num_rows == 0 and empty.rows.schema.names == ["ts", "level", "AVG(bp)"]
 

@@ -363,3 +363,67 @@ def test_moved_where_level_condition_decides_instants(battlefield):
     # a ROWS window keeps the condition after the window: the TS arrival is an instant
     got = evaluate("SELECT COUNT(*) FROM Vitals[ROWS 5] WHERE level = U", battlefield, "TS", streams)
     assert sorted(got) == [(1, "U", 1), (2, "U", 1), (3, "U", 2)]
+
+
+# ---- integer overflow (SEMANTICS §8 "Integer overflow fails the query") ---------------------------
+def _log(*stamps):
+    """MessageLog tuples (ts, timestamp) at level [1,A] of the Chinese Wall config."""
+    return {"MessageLog": [msg(ts, "[1,A]", timestamp=v) for ts, v in stamps]}
+
+
+MAX, MIN = 2**63 - 1, -(2**63)
+
+
+@pytest.mark.parametrize("expr,value", [
+    ("timestamp + 0", MAX), ("timestamp - 1", MAX - 1), ("timestamp % -1", 0), ("timestamp / 2", MAX / 2),
+    ("timestamp * 1.5", MAX * 1.5), ("-timestamp - 1", MIN), ("-(timestamp - 1) - 1", MIN + 1),
+])
+def test_64_bit_arithmetic_in_range(chinese_wall, expr, value):
+    got = evaluate(f"SELECT {expr} AS v FROM MessageLog [NOW]", chinese_wall, "[1,A]", _log((1, MAX)))
+    assert got == [(1, "[1,A]", value)]
+
+
+@pytest.mark.parametrize("expr", ["timestamp + 1", "timestamp * 2", "-timestamp - 2", "timestamp - -1",
+                                  "(timestamp + 1) - 1", "timestamp * 2 / 2"])
+def test_64_bit_overflow_fails_at_its_instant(chinese_wall, expr):
+    from tests.reference.evaluator import QueryFailed, evaluate_outcome
+
+    s = _log((1, 5), (2, MAX), (3, 5))
+    out = evaluate_outcome(f"SELECT {expr} AS v FROM MessageLog [NOW]", chinese_wall, "[1,A]", s)
+    assert out.error_ts == 2 and out.error.startswith("integer overflow")
+    assert [r[0] for r in out.rows] == [1]
+    with pytest.raises(QueryFailed):
+        evaluate(f"SELECT {expr} AS v FROM MessageLog [NOW]", chinese_wall, "[1,A]", s)
+
+
+def test_where_conjuncts_and_no_short_circuit(chinese_wall):
+    from tests.reference.evaluator import evaluate_outcome
+
+    s = _log((1, MAX), (2, 1))
+    q = "SELECT ts FROM MessageLog [NOW] WHERE {}"
+    # a FALSE or NULL top-level conjunct drops the row: its other conjuncts cannot fail it
+    assert evaluate_outcome(q.format("timestamp < 0 AND timestamp + 1 > 0"), chinese_wall, "[1,A]", s).error_ts is None
+    assert evaluate_outcome(q.format("sender = 'x' AND timestamp + 1 > 0"), chinese_wall, "[1,A]", s).error_ts is None
+    # inside a conjunct, both operands of AND/OR are evaluated
+    assert evaluate_outcome(q.format("(timestamp < 0 AND timestamp + 1 > 0) OR ts > 0"), chinese_wall, "[1,A]",
+                            s).error_ts == 1
+    assert evaluate_outcome(q.format("timestamp > 0 OR timestamp * 2 > 0"), chinese_wall, "[1,A]", s).error_ts == 1
+
+
+def test_sums_are_exact_and_fail_out_of_range(chinese_wall):
+    from tests.reference.evaluator import evaluate_outcome
+
+    s = _log((1, MAX), (1, 1), (2, -5), (3, MAX), (4, MIN), (4, MIN))
+    # the window [ROWS 2] at 1 holds MAX and 1: MAX + 1 is out of range; AVG is exact and never fails
+    out = evaluate_outcome("SELECT SUM(timestamp) FROM MessageLog [ROWS 2]", chinese_wall, "[1,A]", s)
+    assert out.error_ts == 1 and out.rows == []
+    avg = evaluate("SELECT AVG(timestamp) FROM MessageLog [ROWS 2]", chinese_wall, "[1,A]", s)
+    assert [r[2] for r in avg] == [(MAX + 1) / 2, -4 / 2, (MAX - 5) / 2, MIN]
+    # MAX + 1 - 5: a partial sum out of range is no failure, only the total counts
+    s = _log((1, MAX), (1, 1), (1, -5), (2, MAX), (3, 10))
+    out = evaluate_outcome("SELECT SUM(timestamp) FROM MessageLog [ROWS 3]", chinese_wall, "[1,A]", s)
+    assert out.rows == [(1, "[1,A]", MAX - 4), (2, "[1,A]", MAX - 4)] and out.error_ts == 3  # -5 + MAX + 10
+    # a long compared with a double is compared as a double (2**63 - 1 rounds to 2**63)
+    got = evaluate("SELECT ts FROM MessageLog [NOW] WHERE timestamp = 9223372036854775807.0", chinese_wall,
+                   "[1,A]", _log((1, MAX)))
+    assert got == [(1, "[1,A]", 1)]

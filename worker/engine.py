@@ -28,11 +28,37 @@ of Py4J round trips and doubled the latency of small chunks.
 4. Aggregates are computed as mergeable partials (row count, per argument:
    count/sum/min/max, bit_or of masks) grouped by ``(_tau, group keys…)`` and then
    finalized; without GROUP BY every instant gets its row (COUNT 0, others NULL,
-   level bottom).  HAVING and the select list follow.
+   level bottom).  HAVING and the select list follow.  SUM of a 64-bit argument
+   is exact: its partials are the sums of the arguments' high and low 32-bit
+   words (two bigint sums: as fast as one, unlike a DECIMAL sum), so neither the
+   order of additions nor partial aggregation can overflow or change it.
 5. Relation to stream: RSTREAM as is; ISTREAM/DSTREAM by ``EXCEPT ALL``
    between R(τ) and R(previous instant) re-tagged with τ, over
    ``(level, columns…)`` with the level decoded to its canonical string first
    (different OR-masks can decode to the same Chinese Wall level).
+
+Failures (SEMANTICS §8 "Arithmetic" and "Failing queries")
+---------------------------------------------------------
+Integer overflow is computed as data, never raised: every place where the
+contract evaluates a 64-bit ``+ - *`` or unary ``-`` (a *site*: each top-level
+WHERE conjunct, GROUP BY key, aggregate argument, SUM of longs, HAVING
+conjunct, select item) gets a code, and the relation carries an ``_err``
+column, the smallest code failing on that row (NULL if none).  A WHERE (HAVING)
+conjunct that failed lets its row (group) through unless another conjunct that
+did not fail is FALSE or NULL; rows and groups with ``_err`` survive every
+filter up to the output, bypass the R2S differences, and the first instant
+carrying one is the query's failing instant: the result keeps the rows before
+it and reports ``error``/``error_ts``.  All of this is plain SQL over total
+functions, so it does not depend on Spark's plan, partitioning or the chunking.
+Queries without a checked operation have no ``_err`` column at all.
+
+Any other exception while evaluating a query (a Spark or Python error) is
+isolated by :meth:`Engine.run`: it evaluates prefixes of the chunk's instants
+(binary search; a prefix with the chunk's full items yields exactly the output
+for those instants) to find the first failing instant and returns the rows
+before it with a one-line ``error`` (:func:`describe_error`).  Only failures of
+the machinery itself (:func:`is_infrastructure_error`: the JVM or its
+connection gone, out of memory) still raise, so that the chunk is retried.
 
 Legacy modes (``legacy_mode(cq)``): WINDOW and HISTORY as above.  NONE
 (unbounded, one item, no aggregate, ISTREAM/DSTREAM): ISTREAM at τ is the
@@ -51,13 +77,21 @@ One row per group that has at least one visible tuple passing WHERE with
 * ``_mask``        bigint: bit_or of the tuples' level masks (``Lattice.encode``)
 * per distinct aggregate argument ``k`` (in order of first appearance in the
   select list then HAVING), only the partials its aggregates need:
-  ``a{k}_cnt`` bigint (non-NULL count; COUNT, AVG), ``a{k}_sum`` (SUM, AVG;
-  bigint for long arguments, else double), ``a{k}_min`` (MIN), ``a{k}_max`` (MAX),
-  typed like the argument.
+  ``a{k}_cnt`` bigint (non-NULL count; COUNT, AVG), for SUM and AVG of a
+  double argument ``a{k}_sum`` double, of a long/timestamp argument the exact
+  sum ``S`` as two bigints ``a{k}_shi`` and ``a{k}_slo`` with
+  ``S = a{k}_shi * 2**32 + a{k}_slo`` and ``0 <= a{k}_slo < 2**32`` (a state
+  holding an older ``a{k}_sum`` bigint instead is converted),
+  ``a{k}_min`` (MIN), ``a{k}_max`` (MAX), typed like the argument.
+
+A state is only produced by a chunk that did not fail, so it never records a
+failure (a failing query stops at its first failing instant).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 from dataclasses import dataclass
 
@@ -70,16 +104,22 @@ from strata.config import Config
 from strata.arrowio import ARROW_TYPES
 from strata.mlscql import ast as A
 from strata.mlscql.analyze import CompiledQuery
+from strata.mlscql.printer import expr_text
 
-from .expr import SPARK_TYPES, SqlCompiler, ident, level_of_mask
+from .expr import INTEGRAL, SPARK_TYPES, SqlCompiler, conjuncts, ident, level_of_mask
 from .windows import TAU, end_array, end_sql, instants_sql, membership_sql, useful_rows
 
-__all__ = ["Engine", "EngineError", "result_schema"]
+__all__ = ["Engine", "EngineError", "result_schema", "describe_error", "is_infrastructure_error"]
 
 MASK = "_mask"
 ROWS = "_rows"
 LEVEL = "level"
 PART = "_part"
+ERR = "_err"
+#: a normalized exact SUM ``hi * 2**32 + lo`` (0 <= lo < 2**32) fits a long iff hi is in this range
+_HI_RANGE = f"BETWEEN {-(2**31)} AND {2**31 - 1}"
+_LO_MASK = "CAST(4294967295 AS BIGINT)"
+_TWO32 = "CAST(4294967296 AS DOUBLE)"
 
 
 class EngineError(ValueError):
@@ -96,8 +136,90 @@ def result_schema(cq: CompiledQuery) -> pa.Schema:
 @dataclass(frozen=True)
 class _Partial:
     name: str  # column in partial/state tables
-    kind: str  # cnt | sum | min | max
+    kind: str  # cnt | sum | shi | slo | min | max  (shi/slo: exact SUM of a 64-bit argument)
     arg: int  # index into the distinct aggregate arguments
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A compiled expression: its value, its failure flag (None: cannot fail) and its site code."""
+
+    sql: str
+    fails: str | None
+    code: int | None
+
+
+# ---------------------------------------------------------------------------- failures
+_INFRA_MARKERS = (
+    "OutOfMemoryError", "SparkContext was shut down", "stopped SparkContext",
+    "Answer from Java side is empty", "Error while sending or receiving", "Connection refused",
+    "java.lang.InterruptedException",
+)
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of the machinery (JVM/Py4J gone, out of memory) rather than of
+    the query: such a chunk must be retried (possibly elsewhere), not reported as the query's error."""
+    if isinstance(exc, (MemoryError, ConnectionError)):
+        return True
+    if type(exc).__name__ in ("Py4JNetworkError",):
+        return True
+    text = str(exc)
+    return any(m in text for m in _INFRA_MARKERS)
+
+
+_ERROR_CLASS = re.compile(r"^\[([A-Z0-9_.]+)\]\s*")
+_JAVA_CLASS = re.compile(r"^(?:Caused by:\s*)?(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error))(?::\s*)?")
+_BOILERPLATE = (
+    re.compile(r"\s*SQLSTATE:?\s*\w+.*$"),
+    re.compile(r"\s*If necessary set [^.]*?(\.|$)"),
+    re.compile(r"\s*Use `try_\w+`[^.]*?(\.|$)"),
+    re.compile(r"\s*(To return NULL instead|Set \"?spark\.sql\.)[^.]*?(\.|$)"),
+)
+
+
+def describe_error(exc: BaseException, limit: int = 300) -> str:
+    """One line for the query's owner: no Java stack, no Spark error-class boilerplate.
+
+    ``integer overflow: …``, ``division by zero``, else ``evaluation failed: …``.
+    """
+    cls = None
+    for getter in ("getCondition", "getErrorClass"):
+        fn = getattr(exc, getter, None)
+        if fn is not None:
+            try:
+                cls = fn()
+            except Exception:  # noqa: BLE001 - best effort only
+                cls = None
+            if cls:
+                break
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    caused = [ln for ln in lines if ln.startswith("Caused by:")]
+    cand = [ln for ln in lines if not ln.startswith(("at ", "An error occurred while calling", "JVM stacktrace", "..."))
+            and not ln.startswith("== ")]
+    line = (caused[-1] if caused else (cand[0] if cand else "")).lstrip(": ").strip()
+    java = _JAVA_CLASS.match(line)
+    if java:
+        cls = cls or java.group(1)
+        line = line[java.end():]
+    m = _ERROR_CLASS.match(line)
+    if m:
+        cls = cls or m.group(1)
+        line = line[m.end():]
+    for pat in _BOILERPLATE:
+        line = pat.sub("", line)
+    line = line.strip().rstrip(".") or (cls or type(exc).__name__)
+    kind = (cls or "").upper()
+    if "OVERFLOW" in kind or "overflow" in line.lower():
+        text = line if line.lower().startswith("integer overflow") else f"integer overflow: {line}"
+    elif "DIVIDE_BY_ZERO" in kind or "ArithmeticException" in (cls or "") and "zero" in line.lower():
+        text = "division by zero"
+    elif cls is None and not isinstance(exc, EngineError):
+        text = f"evaluation failed: {type(exc).__name__}: {line}"
+    else:
+        text = f"evaluation failed: {line}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Engine:
@@ -107,7 +229,8 @@ class Engine:
     #: interpreted session (see :meth:`session_for`)
     SMALL_ROWS = 20_000
     #: SQL settings of that session: no whole-stage code generation, interpreted expressions
-    INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+    INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+                        "spark.sql.ansi.enabled": "false"}
 
     def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None):
         if membership not in ("arrow", "spark"):
@@ -125,11 +248,24 @@ class Engine:
         self._level_values = pa.array(levels, pa.string())
         self._level_masks = pa.array([self.lattice.encode(lv) for lv in levels], pa.int64())
 
-    def run(self, cq: CompiledQuery, chunk: QueryChunk) -> ChunkResult:
-        """Output rows of ``cq`` for ``chunk.instants`` (and the new state for STATE queries)."""
+    def run(self, cq: CompiledQuery, chunk: QueryChunk, isolate: bool = True) -> ChunkResult:
+        """Output rows of ``cq`` for ``chunk.instants`` (and the new state for STATE queries).
+
+        A query that fails (integer overflow, or any exception while compiling or evaluating
+        it) gives a result with ``error`` (one line), ``error_ts`` (the first instant of the
+        chunk whose evaluation fails), ``rows`` for the instants before ``error_ts`` only and
+        no state.  ``isolate=False``: exceptions propagate instead (the shared executor's
+        merged runs, which fall back to the members).  Infrastructure failures always raise.
+        """
         t0 = time.perf_counter()
         mode = legacy_mode(cq)
-        rows, state = _Run(self, cq, chunk, mode).execute()
+        try:
+            rows, state, failure = _Run(self, cq, chunk, mode).execute()
+        except Exception as exc:  # noqa: BLE001 - a failing query is that query's problem
+            if not isolate or is_infrastructure_error(exc):
+                raise
+            rows, failure = self._isolate(cq, chunk, mode, exc)
+            state = None
         stats = {
             "mode": mode.value,
             "rows_in": chunk.num_rows,
@@ -137,6 +273,11 @@ class Engine:
             "instants": len(chunk.instants),
             "seconds": round(time.perf_counter() - t0, 6),
         }
+        if failure is not None:
+            error_ts, reason = failure
+            stats["error"] = reason
+            return ChunkResult(chunk.query_id, chunk.chunk_id, rows, None, None, stats,
+                               error=reason, error_ts=error_ts)
         if mode is LegacyMode.STATE:
             if not chunk.instants:
                 return ChunkResult(chunk.query_id, chunk.chunk_id, rows, chunk.state, chunk.state_upto, stats)
@@ -144,6 +285,31 @@ class Engine:
         return ChunkResult(chunk.query_id, chunk.chunk_id, rows, stats=stats)
 
     result_schema = staticmethod(result_schema)
+
+    def _isolate(self, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode,
+                 exc: Exception) -> tuple[pa.Table, tuple[int | None, str]]:
+        """After ``exc``: the first failing instant by binary search over prefixes of the chunk's
+        instants (each evaluated with the chunk's full items, which gives exactly the output for
+        those instants); returns (rows before it, (instant, reason))."""
+        instants = sorted(set(int(t) for t in chunk.instants))
+        if not instants:
+            return result_schema(cq).empty_table(), (None, describe_error(exc))
+        good = result_schema(cq).empty_table()
+        lo, hi = 0, len(instants)  # the prefix of length lo evaluates, the one of length hi fails
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            sub = dataclasses.replace(chunk, instants=instants[:mid])
+            try:
+                rows, _, failure = _Run(self, cq, sub, mode).execute()
+            except Exception as e:  # noqa: BLE001
+                if is_infrastructure_error(e):
+                    raise
+                hi, exc = mid, e
+                continue
+            if failure is not None:  # an overflow before the exception: that is the first failure
+                return rows, failure
+            lo, good = mid, rows
+        return good, (instants[hi - 1], describe_error(exc))
 
     def session_for(self, rows: int):
         """The session a chunk feeding ``rows`` rows to Spark runs in.
@@ -199,9 +365,79 @@ class _Run:
             self.evals = [self.prev] + self.evals
         self.index = {it.name: i for i, it in enumerate(cq.items)}
         self.index_ci = {it.name.lower(): i for i, it in enumerate(cq.items)}
-        self.compiler = SqlCompiler(self.lattice, self._resolve)
+        self.compiler = SqlCompiler(self.lattice, self._resolve, column_type=self._type)
         self.frames: dict[str, pa.Table] = {}  # placeholder → Arrow table (a DataFrame in _sql)
         self.ctes: list[tuple[str, str]] = []
+        self._prepare()
+
+    # -------------------------------------------------------------- failure sites
+    def _prepare(self) -> None:
+        """Compiles every expression once, registering a failure site (code) for each that can
+        overflow, in a fixed order: WHERE conjuncts, GROUP BY keys, aggregate arguments, SUMs of
+        longs, HAVING conjuncts, select items (the smallest failing code names the failure)."""
+        self.sites: list[str] = []
+        comp = self.compiler
+        self.where_parts = [self._part(comp, c, "in WHERE") for c in conjuncts(self.q.where)]
+        self.key_parts: list[_Part] = []
+        self.arg_parts: list[_Part] = []
+        self.sum_sites: list[tuple[int, int]] = []  # (argument, code) of SUMs of 64-bit arguments
+        self.having_parts: list[_Part] = []
+        if self.cq.is_aggregate:
+            self.key_parts = [self._part(comp, g, "in GROUP BY") for g in self.q.group_by]
+            args = self._args()
+            self.arg_types = [comp.type_of(a) for a in args]
+            self.arg_parts = [self._part(comp, a, "in the aggregate argument") for a in args]
+            for k, a in enumerate(args):
+                if self.arg_types[k] in INTEGRAL and A.Aggregate("SUM", a) in self._aggregates():
+                    self.sum_sites.append((k, self._site(f": SUM({self._text(a)}) is outside the 64-bit range")))
+            fin = SqlCompiler(self.lattice, self._ungrouped, self._subst, column_type=self._type)
+            self.having_parts = [self._part(fin, c, "in HAVING") for c in conjuncts(self.q.having)]
+            self.select_parts = [self._part(fin, s.expr, "in SELECT") for s in self.q.select]
+        else:
+            self.select_parts = [self._part(self.compiler, s.expr, "in SELECT") for s in self.q.select]
+        #: sites evaluated on rows (before any aggregation): WHERE, GROUP BY, aggregate arguments
+        self.row_err = any(p.code for p in self.where_parts + self.key_parts + self.arg_parts)
+        #: whether the relation carries an ``_err`` column at all
+        self.checked = bool(self.sites)
+
+    def _site(self, what: str) -> int:
+        self.sites.append("integer overflow" + what)
+        return len(self.sites)
+
+    def _text(self, e: A.Expr) -> str:
+        if len(self.cq.items) == 1:
+            e = _unqualified(e)
+        t = expr_text(e)
+        return t if len(t) <= 120 else t[:117] + "..."
+
+    def _part(self, comp: SqlCompiler, e: A.Expr, where: str) -> _Part:
+        sql, fails = comp.checked(e)
+        return _Part(sql, fails, None if fails is None else self._site(f" {where}: {self._text(e)}"))
+
+    @staticmethod
+    def _filter(parts: list[_Part]) -> str | None:
+        """AND of conjuncts; a conjunct that failed lets the row through (it then carries _err)."""
+        if not parts:
+            return None
+        return " AND ".join(p.sql if p.fails is None else f"({p.fails} OR {p.sql})" for p in parts)
+
+    @staticmethod
+    def _err_case(parts: list[_Part], extra: list[tuple[str, int]] = ()) -> str | None:
+        """SQL int: the smallest code of the failing sites among ``parts`` (NULL if none fails)."""
+        whens = [(p.fails, p.code) for p in parts if p.fails is not None] + list(extra)
+        if not whens:
+            return None
+        whens.sort(key=lambda w: w[1])
+        return "(CASE " + " ".join(f"WHEN {f} THEN {c}" for f, c in whens) + " END)"
+
+    def _err_col(self, parts: list[_Part]) -> str:
+        if not self.checked:
+            return ""
+        case = self._err_case(parts) or "CAST(NULL AS INT)"
+        return f", {case} AS {ERR}"
+
+    def _type(self, c: A.Column) -> str | None:
+        return self.cq.items[self._item_of(c.qualifier)].schema.type_of(c.name)
 
     # ------------------------------------------------------------- resolution
     def _item_of(self, qualifier: str | None) -> int:
@@ -303,15 +539,18 @@ class _Run:
         return session.sql(text, **frames)
 
     # ------------------------------------------------------------------- main
-    def execute(self) -> tuple[pa.Table, pa.Table | None]:
+    def execute(self) -> tuple[pa.Table, pa.Table | None, tuple[int, str] | None]:
+        """(output rows, new state, failure): failure is (error_ts, reason) or None; on a failure
+        the rows are those before error_ts and there is no state."""
         if not self.instants:
-            return self._empty(), None
+            return self._empty(), None, None
         if self.mode is LegacyMode.NONE:
-            return self._execute_none(), None
+            rows, failure = self._execute_none()
+            return rows, None, failure
         if self.mode is LegacyMode.STATE:
             return self._execute_state()
         if not self.cq.is_aggregate and any(t.num_rows == 0 for t in self.chunk.items):
-            return self._empty(), None  # some window is empty at every instant: R(τ) = ∅
+            return self._empty(), None, None  # some window is empty at every instant: R(τ) = ∅
         needed = self._needed()
         sources = []
         arrow = self.e.membership == "arrow"
@@ -328,30 +567,42 @@ class _Run:
             sources.append(self._cte(f"w{i}", membership_sql(src, cols, ts, end, self.evals)))
         from_ = sources[0] + "".join(f" JOIN {w} USING ({TAU})" for w in sources[1:])
         mask = " | ".join(_col(i, MASK) for i in range(len(sources)))
-        where = f" WHERE {self.compiler(self.q.where)}" if self.q.where is not None else ""
+        cond = self._filter(self.where_parts)
+        where = f" WHERE {cond}" if cond else ""
         if self.cq.is_aggregate:
             p = self._cte("p", self._aggregate_sql(f"{from_}{where}", TAU, f"({mask})"))
             rel = self._finalize(p)
         else:
-            rel = self._cte("r", f"SELECT {TAU}, ({mask}) AS {MASK}, {self._select_list(self.compiler)} FROM {from_}{where}")
-        return self._finish(self._sql(self._r2s(rel)).toArrow()), None
+            err = self._err_col(self.where_parts + self.select_parts)
+            rel = self._cte("r", f"SELECT {TAU}, ({mask}) AS {MASK}, {self._select_list()}{err} FROM {from_}{where}")
+        rows, failure = self._finish(self._sql(self._r2s(rel)).toArrow())
+        return rows, None, failure
 
     # ---------------------------------------------------------- NONE (monotone)
-    def _execute_none(self) -> pa.Table:
-        """Unbounded single item, no aggregate: ISTREAM at τ is the rows of the tuples with ts = τ."""
-        if self.cq.r2s != "ISTREAM" or self.chunk.items[0].num_rows == 0:
-            return self._empty()  # DSTREAM of a monotone relation is empty
+    def _execute_none(self) -> tuple[pa.Table, tuple[int, str] | None]:
+        """Unbounded single item, no aggregate: ISTREAM at τ is the rows of the tuples with ts = τ.
+
+        (DSTREAM of this monotone relation is empty, but R(τ) is still evaluated at every
+        instant: its failures are the query's.)"""
+        if self.chunk.items[0].num_rows == 0:
+            return self._empty(), None
+        if self.cq.r2s != "ISTREAM" and not self.checked:
+            return self._empty(), None  # DSTREAM of a monotone relation is empty
         src, _ = self._load(0, self._needed()[0], ts_in=self.instants)
         ts = _col(0, "ts")
         cond = f"{ts} IN ({', '.join(str(t) for t in self.instants)})"
-        if self.q.where is not None:
-            cond += f" AND {self.compiler(self.q.where)}"
+        where = self._filter(self.where_parts)
+        if where:
+            cond += f" AND {where}"
         level = level_of_mask(self.lattice, _col(0, MASK))
-        sql = f"SELECT {ts} AS {TAU}, {level} AS {LEVEL}, {self._select_list(self.compiler)} FROM {src} WHERE {cond}"
+        err = self._err_col(self.where_parts + self.select_parts)
+        sql = f"SELECT {ts} AS {TAU}, {level} AS {LEVEL}, {self._select_list()}{err} FROM {src} WHERE {cond}"
+        if self.cq.r2s != "ISTREAM":
+            sql = f"SELECT * FROM ({sql}) WHERE {ERR} IS NOT NULL"  # DSTREAM: only the failures matter
         return self._finish(self._sql(sql).toArrow())
 
     # ------------------------------------------------------- STATE (running)
-    def _execute_state(self) -> tuple[pa.Table, pa.Table]:
+    def _execute_state(self) -> tuple[pa.Table, pa.Table | None, tuple[int, str] | None]:
         upto = self.chunk.state_upto
         state = self.chunk.state
         if state is not None and upto is None:
@@ -361,34 +612,40 @@ class _Run:
         src, cols = self._load(0, self._needed()[0], ts_after=None if upto is None else int(upto))
         ts = _col(0, "ts")
         conds = [] if upto is None else [f"{ts} > {int(upto)}"]
-        if self.q.where is not None:
-            conds.append(self.compiler(self.q.where))
+        where = self._filter(self.where_parts)
+        if where:
+            conds.append(where)
         where = f" WHERE {' AND '.join(conds)}" if conds else ""
         # partials per (ts, group), then per evaluation instant τ over all ts ≤ τ, plus the state
         pre = self._cte("pre", self._aggregate_sql(f"{src}{where}", ts, _col(0, MASK), tau_alias="_t"))
         keys = self._group_names()
         vals = [ROWS, MASK] + [p.name for p in self._partials()]
+        err = [ERR] if self.row_err else []
         kv = [ident(c) for c in keys + vals]
-        branches = [membership_sql(pre, kv, "_t", None, self.evals)]
+        branches = [membership_sql(pre, kv + err, "_t", None, self.evals)]
         if state is not None and state.num_rows:
+            state = _upgrade_state(state, self._partials())
             missing = [c for c in keys + vals if c not in state.column_names]
             if missing:
                 raise EngineError(f"state table lacks column {missing[0]!r}; it was made for another query")
             st = self._frame("state", state.select(keys + vals))
-            branches.append(f"SELECT {', '.join(kv)}, explode({instants_sql(self.evals)}) AS {TAU} FROM {st}")
-        union = self._cte("u", " UNION ALL ".join(f"SELECT {TAU}, {', '.join(kv)} FROM ({b})" for b in branches))
+            none = [f"CAST(NULL AS INT) AS {ERR}"] if err else []
+            branches.append(f"SELECT {', '.join(kv + none)}, explode({instants_sql(self.evals)}) AS {TAU} FROM {st}")
+        union = self._cte("u", " UNION ALL ".join(f"SELECT {TAU}, {', '.join(kv + err)} FROM ({b})" for b in branches))
         merged = self._cte("m", self._merge_sql(union))
         out = self._cte("o", self._r2s(self._finalize(merged)))
-        out_cols = [TAU, LEVEL] + [f"o{k}" for k in range(len(self.cq.outputs))]
+        out_cols = [TAU, LEVEL] + [f"o{k}" for k in range(len(self.cq.outputs))] + ([ERR] if self.checked else [])
         last = self.instants[-1]
         a = f"SELECT 0 AS {PART}, {', '.join(out_cols)}, {', '.join(f'NULL AS s_{c}' for c in keys + vals)} FROM {out}"
         b = (f"SELECT 1 AS {PART}, {', '.join(f'NULL AS {c}' for c in out_cols)}, "
              f"{', '.join(f'{ident(c)} AS s_{c}' for c in keys + vals)} FROM {merged} WHERE {TAU} = {last}")
         tbl = self._sql(f"{a} UNION ALL {b}").toArrow()
         part = tbl.column(PART)
-        rows = tbl.filter(pc.equal(part, 0))
+        rows, failure = self._finish(tbl.filter(pc.equal(part, 0)))
+        if failure is not None:
+            return rows, None, failure
         new_state = tbl.filter(pc.equal(part, 1)).select([f"s_{c}" for c in keys + vals]).rename_columns(keys + vals)
-        return self._finish(rows), new_state.combine_chunks()
+        return rows, new_state.combine_chunks(), None
 
     # --------------------------------------------------------------- aggregate
     def _group_names(self) -> list[str]:
@@ -417,21 +674,28 @@ class _Run:
         for a in self._aggregates():
             if a.arg is not None:
                 kinds[args.index(a.arg)].update(need[a.func])
+        for k in kinds:
+            if "sum" in kinds[k] and self.arg_types[k] in INTEGRAL:
+                kinds[k] = (kinds[k] - {"sum"}) | {"shi", "slo"}  # exact: high and low 32-bit words
         return [
             _Partial(f"a{k}_{kind}", kind, k)
             for k in range(len(args))
-            for kind in ("cnt", "sum", "min", "max")
+            for kind in ("cnt", "sum", "shi", "slo", "min", "max")
             if kind in kinds[k]
         ]
 
     def _aggregate_sql(self, from_where: str, tau: str, mask: str, tau_alias: str = TAU) -> str:
-        """Partials per (τ, group keys) of the rows of ``FROM from_where``."""
+        """Partials per (τ, group keys) of the rows of ``FROM from_where`` (plus ``_err``, the
+        smallest failing row site, when WHERE, a key or an argument can fail)."""
         cols = [f"{tau} AS {tau_alias}"]
-        cols += [f"{self.compiler(g)} AS {n}" for g, n in zip(self.q.group_by, self._group_names())]
+        cols += [f"{p.sql} AS {n}" for p, n in zip(self.key_parts, self._group_names())]
         cols += [f"count(1) AS {ROWS}", f"bit_or({mask}) AS {MASK}"]
-        args = [self.compiler(a) for a in self._args()]
-        fn = {"cnt": "count", "sum": "sum", "min": "min", "max": "max"}
-        cols += [f"{fn[p.kind]}({args[p.arg]}) AS {p.name}" for p in self._partials()]
+        args = [p.sql for p in self.arg_parts]
+        fn = {"cnt": "count({})", "sum": "sum({})", "min": "min({})", "max": "max({})",
+              "shi": "sum(shiftright({}, 32))", "slo": f"sum(({{}}) & {_LO_MASK})"}
+        cols += [f"{fn[p.kind].format(args[p.arg])} AS {p.name}" for p in self._partials()]
+        if self.row_err:
+            cols.append(f"min({self._err_case(self.where_parts + self.key_parts + self.arg_parts)}) AS {ERR}")
         groups = ", ".join(str(k + 1) for k in range(1 + len(self.q.group_by)))
         return f"SELECT {', '.join(cols)} FROM {from_where} GROUP BY {groups}"
 
@@ -439,62 +703,103 @@ class _Run:
         keys = self._group_names()
         fn = {"cnt": "sum", "sum": "sum", "min": "min", "max": "max"}
         cols = [TAU, *keys, f"sum({ROWS}) AS {ROWS}", f"bit_or({MASK}) AS {MASK}"]
-        cols += [f"{fn[p.kind]}({p.name}) AS {p.name}" for p in self._partials()]
+        for p in self._partials():
+            if p.kind == "shi":  # normalized: carry the low words' overflow into the high word
+                cols.append(f"(sum({p.name}) + shiftright(sum(a{p.arg}_slo), 32)) AS {p.name}")
+            elif p.kind == "slo":
+                cols.append(f"(sum({p.name}) & {_LO_MASK}) AS {p.name}")
+            else:
+                cols.append(f"{fn[p.kind]}({p.name}) AS {p.name}")
+        if self.row_err:
+            cols.append(f"min({ERR}) AS {ERR}")
         groups = ", ".join(str(k + 1) for k in range(1 + len(keys)))
         return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {groups}"
 
+    def _subst(self, e: A.Expr) -> str | None:
+        """After aggregation: an aggregate or a group key → the column computed for it."""
+        if isinstance(e, A.Aggregate):
+            if e.arg is None:
+                return ROWS
+            k = self._args().index(e.arg)
+            exact = self.arg_types[k] in INTEGRAL
+            if e.func == "AVG":
+                if exact:  # the exact sum, rounded once to a double, over the count
+                    return (f"((CAST(a{k}_hi AS DOUBLE) * {_TWO32} + CAST(a{k}_lo AS DOUBLE)) "
+                            f"/ CAST(a{k}_cnt AS DOUBLE))")
+                return f"(CAST(a{k}_sum AS DOUBLE) / CAST(a{k}_cnt AS DOUBLE))"
+            if e.func == "SUM" and exact:  # in range (else the group fails): hi * 2**32 + lo
+                return f"(shiftleft(a{k}_hi, 32) | a{k}_lo)"
+            return {"COUNT": f"a{k}_cnt", "SUM": f"a{k}_sum", "MIN": f"a{k}_min", "MAX": f"a{k}_max"}[e.func]
+        for j, g in enumerate(self.q.group_by):
+            if e == g:
+                return self._group_names()[j]
+        return None
+
     def _finalize(self, partials: str) -> str:
-        """Partials per (_tau, keys) → relation (_tau, _mask, o0..) after HAVING and the select list."""
+        """Partials per (_tau, keys) → relation (_tau, _mask, o.., _err) after HAVING and the select list.
+
+        Failures of a group (beyond its rows' ``_err``): a SUM of longs outside the 64-bit range
+        (every group), a HAVING conjunct (every group), a select item (groups HAVING keeps).  A
+        group that failed is kept whatever HAVING says: it carries the instant's failure."""
         source = partials
+        parts = [p.name for p in self._partials()]
         if not self.q.group_by:
             # exactly one row per instant, even with no input rows (COUNT 0, others NULL, level bottom)
             zero = {ROWS, MASK} | {p.name for p in self._partials() if p.kind == "cnt"}
             cols = [TAU] + [
                 f"coalesce({c}, CAST(0 AS BIGINT)) AS {c}" if c in zero else c
-                for c in [ROWS, MASK] + [p.name for p in self._partials()]
-            ]
+                for c in [ROWS, MASK] + parts
+            ] + ([ERR] if self.row_err else [])
             source = self._cte(
                 "f",
                 f"SELECT {', '.join(cols)} FROM (SELECT explode({instants_sql(self.evals)}) AS {TAU}) "
                 f"LEFT JOIN {partials} USING ({TAU})",
             )
-        args = self._args()
-        names = self._group_names()
-
-        def subst(e: A.Expr) -> str | None:
-            if isinstance(e, A.Aggregate):
-                if e.arg is None:
-                    return ROWS
-                k = args.index(e.arg)
-                if e.func == "AVG":
-                    return f"(CAST(a{k}_sum AS DOUBLE) / CAST(a{k}_cnt AS DOUBLE))"
-                return {"COUNT": f"a{k}_cnt", "SUM": f"a{k}_sum", "MIN": f"a{k}_min", "MAX": f"a{k}_max"}[e.func]
-            for j, g in enumerate(self.q.group_by):
-                if e == g:
-                    return names[j]
-            return None
-
-        comp = SqlCompiler(self.lattice, self._ungrouped, subst)
-        having = f" WHERE {comp(self.q.having)}" if self.q.having is not None else ""
-        return self._cte("r", f"SELECT {TAU}, {MASK}, {self._select_list(comp)} FROM {source}{having}")
+        exact = sorted({p.arg for p in self._partials() if p.kind == "shi"})
+        if exact:  # normalized exact sums: hi * 2**32 + lo with 0 <= lo < 2**32
+            norm = [f"(a{k}_shi + shiftright(a{k}_slo, 32)) AS a{k}_hi, (a{k}_slo & {_LO_MASK}) AS a{k}_lo"
+                    for k in exact]
+            source = self._cte("n", f"SELECT *, {', '.join(norm)} FROM {source}")
+        # failures of every group: its rows' (WHERE, keys, arguments), its SUMs out of range
+        sums = self._err_case([], [(f"(a{k}_hi NOT {_HI_RANGE})", code) for k, code in self.sum_sites])
+        failed = [x for x in (ERR if self.row_err else None, sums) if x]
+        failed = None if not failed else failed[0] if len(failed) == 1 else f"coalesce({', '.join(failed)})"
+        # HAVING keeps a group whose conjuncts are TRUE or failed (then a failure of the group)
+        cond = self._filter(self.having_parts)
+        if cond and failed:
+            cond = f"({cond}) OR {failed} IS NOT NULL"
+        having = f" WHERE {cond}" if cond else ""
+        err = ""
+        if self.checked:
+            later = [x for x in (failed, self._err_case(self.having_parts), self._err_case(self.select_parts)) if x]
+            err = f"coalesce({', '.join(later)})" if len(later) > 1 else (later[0] if later else "CAST(NULL AS INT)")
+            err = f", {err} AS {ERR}"
+        return self._cte("r", f"SELECT {TAU}, {MASK}, {self._select_list()}{err} FROM {source}{having}")
 
     @staticmethod
     def _ungrouped(c: A.Column) -> str:
         raise EngineError(f"column {c.qualifier}.{c.name} is neither grouped nor aggregated")
 
     # -------------------------------------------------------------- relation
-    def _select_list(self, comp: SqlCompiler) -> str:
+    def _select_list(self) -> str:
         return ", ".join(
-            f"CAST({comp(s.expr)} AS {SPARK_TYPES[o.type]}) AS o{k}"
-            for k, (s, o) in enumerate(zip(self.q.select, self.cq.outputs))
+            f"CAST({p.sql} AS {SPARK_TYPES[o.type]}) AS o{k}"
+            for k, (p, o) in enumerate(zip(self.select_parts, self.cq.outputs))
         )
 
     def _r2s(self, rel: str) -> str:
-        """SQL turning relation ``rel`` (_tau, _mask, o..) over the evaluation instants into the
-        chunk's output rows (_tau, level, o..)."""
+        """SQL turning relation ``rel`` (_tau, _mask, o.. [, _err]) over the evaluation instants into
+        the chunk's output rows (_tau, level, o.. [, _err]).
+
+        Failed rows reach the output through the differences: ``_err`` is part of the rows'
+        identity, and R(τ) has no failed row before the first failing instant, so at that
+        instant ISTREAM keeps them; DSTREAM gets them from a negated copy on its positive side
+        (``_finish`` takes the absolute code).  A failure at the previous instant alone may go
+        unseen: it is the failure of an earlier chunk, where the query stops."""
         outs = ", ".join(f"o{k}" for k in range(len(self.cq.outputs)))
-        lvl = self._cte("lv", f"SELECT {TAU}, {level_of_mask(self.lattice, MASK)} AS {LEVEL}, {outs} FROM {rel}")
-        cols = f"{TAU}, {LEVEL}, {outs}"
+        err = f", {ERR}" if self.checked else ""
+        lvl = self._cte("lv", f"SELECT {TAU}, {level_of_mask(self.lattice, MASK)} AS {LEVEL}, {outs}{err} FROM {rel}")
+        cols = f"{TAU}, {LEVEL}, {outs}{err}"
         only = f" WHERE {TAU} IN ({', '.join(str(t) for t in self.instants)})"
         extra = len(self.evals) != len(self.instants)
         cur = f"SELECT {cols} FROM {lvl}{only if extra else ''}"
@@ -502,10 +807,15 @@ class _Run:
             return cur
         order = self.evals  # ascending; prev_instant first when present
         succ = {order[k]: order[k + 1] for k in range(len(order) - 1)}
-        if succ:
-            case = " ".join(f"WHEN {a} THEN CAST({b} AS BIGINT)" for a, b in succ.items())
-            shifted = (f"SELECT (CASE {TAU} {case} END) AS {TAU}, {LEVEL}, {outs} FROM {lvl} "
-                       f"WHERE {TAU} IN ({', '.join(str(t) for t in succ)})")
+        keys = ", ".join(str(t) for t in succ)
+        case = " ".join(f"WHEN {a} THEN CAST({b} AS BIGINT)" for a, b in succ.items())
+        shift = f"(CASE {TAU} {case} END)" if succ else "CAST(NULL AS BIGINT)"
+        if self.cq.r2s == "DSTREAM" and self.checked:
+            where = f"{TAU} IN ({keys}) OR {ERR} IS NOT NULL" if succ else f"{ERR} IS NOT NULL"
+            shifted = (f"SELECT (CASE WHEN {ERR} IS NOT NULL THEN {TAU} ELSE {shift} END) AS {TAU}, {LEVEL}, "
+                       f"{outs}, (- {ERR}) AS {ERR} FROM {lvl} WHERE {where}")
+        elif succ:
+            shifted = f"SELECT {shift} AS {TAU}, {LEVEL}, {outs}{err} FROM {lvl} WHERE {TAU} IN ({keys})"
         else:
             shifted = f"SELECT {cols} FROM {lvl} WHERE FALSE"
         if self.cq.r2s == "ISTREAM":
@@ -513,7 +823,23 @@ class _Run:
         return f"({shifted}) EXCEPT ALL ({cur})"
 
     # ------------------------------------------------------------------ output
-    def _finish(self, tbl: pa.Table) -> pa.Table:
+    def _finish(self, tbl: pa.Table) -> tuple[pa.Table, tuple[int, str] | None]:
+        """Spark's rows → (the chunk's output rows, failure or None).
+
+        With failures: the first failing evaluation instant (the previous instant counts as the
+        chunk's first instant) is ``error_ts``; rows at or after it are dropped."""
+        failure = None
+        if ERR in tbl.column_names:
+            err = pc.abs(tbl.column(ERR))  # DSTREAM's failures come negated
+            bad = pc.is_valid(err)
+            if tbl.num_rows and pc.any(bad).as_py():
+                taus = pc.filter(tbl.column(TAU), bad)
+                codes = pc.filter(err, bad)
+                first = pc.min(taus).as_py()
+                code = pc.min(pc.filter(codes, pc.equal(taus, first))).as_py()
+                error_ts = max(int(first), self.instants[0])
+                failure = (error_ts, self.sites[int(code) - 1])
+                tbl = tbl.filter(pc.and_(pc.invert(bad), pc.less(tbl.column(TAU), error_ts)))
         schema = result_schema(self.cq)
         arrays = [tbl.column(TAU).cast(pa.int64()), tbl.column(LEVEL).cast(pa.string())]
         for k, o in enumerate(self.cq.outputs):
@@ -521,7 +847,28 @@ class _Run:
         out = pa.Table.from_arrays(arrays, schema=schema)
         if out.num_rows > 1:
             out = out.sort_by([("ts", "ascending")])
-        return out.combine_chunks()
+        return out.combine_chunks(), failure
 
     def _empty(self) -> pa.Table:
         return result_schema(self.cq).empty_table()
+
+
+def _unqualified(e: A.Expr) -> A.Expr:
+    if isinstance(e, A.Column):
+        return A.Column(None, e.name)
+    return A.map_children(e, _unqualified)
+
+
+def _upgrade_state(state: pa.Table, partials: list[_Partial]) -> pa.Table:
+    """A state written before exact SUMs (``a{k}_sum`` bigint for a long argument) in today's
+    form (``a{k}_shi``/``a{k}_slo``)."""
+    for p in partials:
+        if p.kind != "shi" or p.name in state.column_names:
+            continue
+        old = f"a{p.arg}_sum"
+        if old not in state.column_names or not pa.types.is_integer(state.column(old).type):
+            continue
+        total = state.column(old).cast(pa.int64())
+        state = state.append_column(p.name, pc.shift_right(total, 32))
+        state = state.append_column(f"a{p.arg}_slo", pc.bit_wise_and(total, 0xFFFFFFFF))
+    return state

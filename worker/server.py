@@ -15,7 +15,7 @@ from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.serving import build_server, run_until_stopped
 
-from .service import QuerySpecData, WorkerCore, WorkerRefused
+from .service import QuerySpecData, WorkerCore, WorkerRefused, one_line
 
 __all__ = ["WorkerServicer", "serve_worker", "execute_digest"]
 
@@ -55,19 +55,29 @@ class WorkerServicer(rpc.WorkerServicer):
             return pb.ExecuteReply(results=results, seconds=time.perf_counter() - t0)
         except WorkerRefused as e:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
-        except ValueError as e:  # undecodable chunk
+        except ValueError as e:  # undecodable chunk (a query's own failures are results, not errors)
             self.core.refused["bad_chunk"] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad chunk: {e}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(f"bad chunk: {e}"))
+        except Exception as e:  # noqa: BLE001 - the worker itself failed: one line, details in the log
+            from .engine import describe_error, is_infrastructure_error
+
+            log.exception("Execute failed")
+            if is_infrastructure_error(e):  # JVM or its connection gone: the master retries elsewhere
+                context.abort(grpc.StatusCode.UNAVAILABLE, one_line(f"worker unavailable: {describe_error(e)}"))
+            context.abort(grpc.StatusCode.INTERNAL, one_line(f"worker error: {describe_error(e)}"))
 
     def Info(self, request, context):
+        """This worker's status; ``identity_key`` is the key its heartbeats are signed with,
+        which the master binds to this address before it lists the worker (worker/group.py)."""
         self._auth(context, self.core.level, b"info")
         st = self.core.stats()
-        cpu = 0.0
+        cpu, state, identity = 0.0, "ready", b""
         if self.member is not None:
             cpu = self.member.cpu_override if self.member.cpu_override is not None else 0.0
-        return pb.WorkerStatus(sid=self.sid, cpu=cpu, pid=os.getpid(), state="ready",
+            state, identity = self.member.state, self.member.public_key
+        return pb.WorkerStatus(sid=self.sid, cpu=cpu, pid=os.getpid(), state=state,
                                chunks_done=st["chunks_done"], seen_levels=st["seen_levels"],
-                               refused=st["refused"])
+                               refused=st["refused"], identity_key=identity)
 
 
 def warm_up(engine, config, level: str) -> None:
@@ -124,8 +134,10 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     servicer.sid = address
     from strata.worker.load import make_load
 
+    # a fresh Ed25519 identity signs this process's heartbeats; Info tells it to the master.
+    # slots: chunks evaluated concurrently (advertised for the master's credit-based dispatch)
     member = GroupMember(spec, sid=address, role="worker", stats=core.stats,
-                         load=make_load(load_reading, spark_master))
+                         load=make_load(load_reading, spark_master), slots=2)
     servicer.member = member
     if os.environ.get("STRATA_CPU_OVERRIDE"):  # an injected load reading (tests, drills)
         member.cpu_override = float(os.environ["STRATA_CPU_OVERRIDE"])

@@ -4,6 +4,15 @@ A worker has one fixed level.  It executes chunks only for masters of its own
 level, compiles the queries it is sent itself (at that level, so the front end's
 authorization runs again on the worker), refuses any chunk holding a tuple its
 level does not dominate, and counts what it saw per level.
+
+A whole call is refused (:class:`WorkerRefused`, or ``ValueError`` for bytes
+that do not decode) only for what concerns the call: the master's or a
+query's level is not the worker's, a tuple is above the worker's level, or the
+chunk carries a query without its text.  Anything that concerns *one* query (it
+does not compile on the worker, or its evaluation fails) gives that query a
+``ChunkResult`` with ``error`` (one line) and ``error_ts`` (the first instant of
+its chunk that fails; rows before it are kept), and the chunk's other queries
+are evaluated as usual (see ``Engine.run`` and ``SharedExecutor``).
 """
 
 from __future__ import annotations
@@ -13,15 +22,17 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.chunking.codec import decode_chunk, encode_result
+from strata.chunking.model import ChunkResult
 from strata.config import Config
 from strata.mlscql import CompiledQuery, QueryError, compile_query
 
 from .shared import SharedExecutor
 
-__all__ = ["WorkerCore", "WorkerRefused", "QuerySpecData"]
+__all__ = ["WorkerCore", "WorkerRefused", "QuerySpecData", "one_line"]
 
 
 class WorkerRefused(PermissionError):
@@ -67,6 +78,7 @@ class WorkerCore:
             self.refused["wrong_level"] += 1
             raise WorkerRefused(f"this worker serves level {self.level}, not {level}")
         by_id = {}
+        rejected: dict[str, str] = {}  # query id → why it does not compile here (its own failure)
         for s in specs:
             if s.level != self.level:
                 self.refused["wrong_level"] += 1
@@ -74,12 +86,11 @@ class WorkerCore:
             try:
                 by_id[s.query_id] = self._compile(s)
             except QueryError as e:
-                self.refused["bad_query"] += 1
-                raise WorkerRefused(f"query {s.query_id} rejected on the worker: {e}") from None
+                rejected[s.query_id] = one_line(f"query rejected on the worker: {e}")
         chunk = decode_chunk(chunk_bytes)
         seen: Counter = Counter()
         for qc in chunk.queries:
-            if qc.query_id not in by_id:
+            if qc.query_id not in by_id and qc.query_id not in rejected:
                 self.refused["unknown_query"] += 1
                 raise WorkerRefused(f"chunk carries query {qc.query_id} without its text")
             for t in qc.items:
@@ -93,8 +104,15 @@ class WorkerCore:
             self.refused["level_above_worker"] += 1
             raise WorkerRefused(f"chunk holds tuples this worker's level {self.level} does not dominate")
         t0 = time.perf_counter()
-        out = [encode_result(r) for r in self.shared.run(by_id, chunk.queries)]
+        runnable = [qc for qc in chunk.queries if qc.query_id in by_id]
+        done = {r.query_id: r for r in self.shared.run(by_id, runnable)} if runnable else {}
+        for qc in chunk.queries:
+            if qc.query_id in rejected:
+                done[qc.query_id] = _failed(qc, rejected[qc.query_id])
+        failed = sum(1 for r in done.values() if r.error is not None)
+        out = [encode_result(done[qc.query_id]) for qc in chunk.queries]
         with self._lock:
+            self.counters["failed_query_chunks"] += failed
             self.busy_seconds += time.perf_counter() - t0
             self.seen_levels.update(seen)
             self.counters["chunks_done"] += 1
@@ -105,9 +123,24 @@ class WorkerCore:
         with self._lock:
             return {
                 "chunks_done": self.counters["chunks_done"],
+                "failed_query_chunks": self.counters["failed_query_chunks"],
                 "tuples": self.counters["tuples"],
                 "seen_levels": dict(self.seen_levels),
                 "refused": dict(self.refused),
                 "busy_seconds": round(self.busy_seconds, 3),
                 "sharing": {"enabled": self.shared.enabled, **dict(self.shared.counters)},
             }
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (whitespace runs collapsed), at most ``limit`` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _failed(qc, reason: str) -> ChunkResult:
+    """The result of a query that fails at the first instant of its chunk (no rows)."""
+    instants = sorted(int(t) for t in qc.instants)
+    rows = pa.schema([pa.field("ts", pa.int64()), pa.field("level", pa.string())]).empty_table()
+    return ChunkResult(qc.query_id, qc.chunk_id, rows, stats={"error": reason},
+                       error=reason, error_ts=instants[0] if instants else None)

@@ -20,6 +20,16 @@ Each result is still exactly the member's result: filtered by its own window
 level sets (the shared windows *are* its windows) and labelled with the lub of
 the tuples each row derives from.  ``enabled=False`` evaluates every query on
 its own (the comparison baseline).
+
+Failures stay with the failing query.  A merged run that raises or reports a
+failure (an overflow in any member's expressions fails the merged relation)
+is discarded and its members are evaluated one by one; a complete group whose
+representative failed evaluates its other members on their own too.  So only
+the members that really fail get error results (``Engine.run``: one line,
+``error_ts``, the rows before it), and every other query of the chunk is
+evaluated normally.  A merged run without a failure implies that no member
+fails: each member's failure sites are evaluated by the merged query on a
+superset of the rows (its residual WHERE and HAVING become select items).
 """
 
 from __future__ import annotations
@@ -142,6 +152,11 @@ class SharedExecutor:
             for qid in cls[1:]:
                 if qid in results:
                     continue
+                if src.error is not None:  # the representative failed: each member on its own
+                    results[qid] = self.engine.run(compiled[qid], by_id[qid])
+                    self.counters["engine_runs"] += 1
+                    self.counters["complete_fallbacks"] += 1
+                    continue
                 results[qid] = _retarget(src, qid, compiled[qid])
                 self.counters["shared_complete"] += 1
 
@@ -170,11 +185,19 @@ class SharedExecutor:
             chunk = QueryChunk("__shared__", base.chunk_id, base.items, evals, None)
         t0 = time.perf_counter()
         try:
-            merged = self.engine.run(plan.cq, chunk)
-        except Exception:  # noqa: BLE001 - never worse than not sharing
+            merged = self.engine.run(plan.cq, chunk, isolate=False)
+        except Exception as exc:  # noqa: BLE001 - never worse than not sharing
+            from .engine import is_infrastructure_error
+
+            if is_infrastructure_error(exc):
+                raise
             self.counters["merged_fallbacks"] += 1
             return
         self.counters["engine_runs"] += 1
+        if merged.error is not None:  # some member fails: evaluate each on its own
+            self.counters["merged_fallbacks"] += 1
+            self.counters["merged_failures"] += 1
+            return
         secs = time.perf_counter() - t0
         rows = merged.rows
         for s in ok:
@@ -194,7 +217,8 @@ def _retarget(src: ChunkResult, qid: str, cq: CompiledQuery) -> ChunkResult:
     if not rows.schema.equals(schema):
         rows = pa.Table.from_arrays(list(rows.columns), schema=schema)
     stats = dict(src.stats, shared="complete", seconds=0.0)  # computed once, for the source query
-    return ChunkResult(qid, src.chunk_id, rows, src.state, src.state_upto, stats)
+    return ChunkResult(qid, src.chunk_id, rows, src.state, src.state_upto, stats,
+                       error=src.error, error_ts=src.error_ts)
 
 
 def _derive(rows: pa.Table, spec, evals: list[int], instants: list[int], none_mode: bool) -> pa.Table:

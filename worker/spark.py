@@ -3,7 +3,9 @@
 A worker evaluates many small chunks (a few thousand to a few hundred thousand
 rows each), so the session is configured for latency rather than throughput:
 no UI, few shuffle partitions, Arrow transfer in both directions, non-ANSI
-arithmetic (``x / 0`` is NULL, as SEMANTICS §5 requires) and a driver bound to
+arithmetic (``x / 0`` is NULL, as SEMANTICS §8 requires; 64-bit overflow is not
+left to Spark at all: the engine checks every integer ``+ - *`` and SUM itself and
+reports it as the query's failure, see ``engine.py``) and a driver bound to
 the loopback interface on ephemeral ports.  The master URL is configurable so
 that a worker can submit to a real Spark cluster instead of ``local[N]``.
 """
@@ -22,6 +24,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+    # ANSI mode would raise on x / 0 (NULL here) and on overflow inside whatever operator
+    # Spark happens to evaluate first; the engine's overflow checks are explicit and total
     "spark.sql.ansi.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     # Adaptive execution re-plans after every shuffle stage; for chunk-sized jobs

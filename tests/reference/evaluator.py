@@ -23,6 +23,24 @@ Facts copied from SEMANTICS.md (nothing here reads ../shared at run time):
 * output level = lub of contributing tuples (bottom if none);
 * ISTREAM = R(τ) − R(τ'), DSTREAM = R(τ') − R(τ), RSTREAM = R(τ) (bags of
   (level, cols...)); default RSTREAM iff the select list has an aggregate.
+
+Failures (SEMANTICS §8 "Arithmetic", "Failing queries"), with Python's unbounded
+ints: a ``+ - *`` or unary ``-`` of two 64-bit integers whose exact result is
+outside [-2**63, 2**63-1] gives the value FAILED, and every operator with a
+FAILED operand gives FAILED (AND and OR too: both operands are always
+evaluated).  At instant τ the query fails when
+
+* a row of the product of the windows has a FAILED top-level WHERE conjunct
+  and no other conjunct that is FALSE or NULL;
+* a row that passed WHERE has a FAILED select item (no aggregate), GROUP BY
+  key or aggregate argument;
+* a group's SUM of integers is outside the 64-bit range (every group);
+* a group has a FAILED HAVING conjunct and none FALSE or NULL, or a group
+  HAVING keeps has a FAILED select item.
+
+The query's output is then the rows before τ and the failure at τ: nothing at
+or after τ.  SUM of integers is exact; AVG of integers is the exact sum over
+the count; a long compared with a double is compared as a double (as in SQL).
 """
 
 from __future__ import annotations
@@ -40,7 +58,10 @@ from strata.lattice import Lattice
 from strata.mlscql import ast as A
 from strata.mlscql import compile_query, parse
 
-__all__ = ["evaluate", "compare_results", "range_instants"]
+__all__ = ["evaluate", "evaluate_outcome", "Outcome", "QueryFailed", "compare_results", "range_instants",
+           "LONG_MIN", "LONG_MAX"]
+
+LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 
 #: seconds per RANGE unit (canonical unit names of the parser)
 UNIT_SECONDS = {
@@ -58,17 +79,45 @@ ISTREAM, RSTREAM, DSTREAM = "ISTREAM", "RSTREAM", "DSTREAM"
 # public API
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a query outputs: ``rows`` (``(ts, level, col1, ...)``), and if it fails, the
+    instant ``error_ts`` at which it fails (no row at or after it) and a one-line reason."""
+
+    rows: list[tuple]
+    error_ts: int | None = None
+    error: str | None = None
+
+
+class QueryFailed(Exception):
+    """Raised by :func:`evaluate` for a query that fails; ``outcome`` has the rows before it."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(f"the query fails at instant {outcome.error_ts}: {outcome.error}")
+        self.outcome = outcome
+
+
 def evaluate(query_text: str, config: Config, level: str, streams: dict[str, list[dict]]) -> list[tuple]:
     """All output rows ``(ts, level, col1, ...)`` of ``query_text`` run at ``level``.
 
     ``streams[name]`` holds the stream's tuples in arrival order, each a dict
     with ``ts``, ``level`` and the user attributes (None = NULL).  Raises the
-    front end's ``QueryError`` for a query it rejects.
+    front end's ``QueryError`` for a query it rejects and :class:`QueryFailed`
+    for one that fails at some instant (see :func:`evaluate_outcome`).
     """
+    out = evaluate_outcome(query_text, config, level, streams)
+    if out.error is not None:
+        raise QueryFailed(out)
+    return out.rows
+
+
+def evaluate_outcome(query_text: str, config: Config, level: str, streams: dict[str, list[dict]]) -> Outcome:
+    """Like :func:`evaluate`, but a failing query gives its rows before the failing instant
+    and that instant with the reason instead of an exception."""
     compiled = compile_query(query_text, config, level)  # acceptance only
     query = parse(query_text)
     ev = _Evaluator(query, config, config.lattice.parse(level), streams)
-    rows = ev.run()
+    rows, error_ts, error = ev.run()
     width = len(compiled.outputs) + 2
     for r in rows:
         if len(r) != width:  # pragma: no cover - a reference bug or a front-end disagreement
@@ -76,7 +125,7 @@ def evaluate(query_text: str, config: Config, level: str, streams: dict[str, lis
                 f"reference produced {len(r) - 2} columns but the front end declares "
                 f"{len(compiled.outputs)} ({[c.name for c in compiled.outputs]})"
             )
-    return rows
+    return Outcome(rows, error_ts, error)
 
 
 def range_instants(amount: float, unit: str | None, instant_seconds: float) -> int:
@@ -219,6 +268,40 @@ def _exact(x: float) -> Fraction:
 # evaluation
 
 
+class _Failed:
+    """The value of an operation that overflowed (and of everything computed from it)."""
+
+    _one = None
+
+    def __new__(cls):
+        if cls._one is None:
+            cls._one = super().__new__(cls)
+        return cls._one
+
+    def __repr__(self) -> str:
+        return "FAILED"
+
+
+FAILED = _Failed()
+
+
+class _Failure(Exception):
+    """R(τ) cannot be evaluated: the query fails at τ."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _checked(v):
+    """An integer result outside the 64-bit range is FAILED."""
+    return FAILED if _is_int(v) and not LONG_MIN <= v <= LONG_MAX else v
+
+
 @dataclass
 class _Item:
     name: str  # alias, else stream name
@@ -250,12 +333,16 @@ class _Evaluator:
             raise ValueError("instant_seconds must be positive")
 
     # -- driver ---------------------------------------------------------------
-    def run(self) -> list[tuple]:
+    def run(self) -> tuple[list[tuple], int | None, str | None]:
+        """(rows, failing instant, reason): the query stops at its first failing instant."""
         instants = sorted({t["ts"] for i, it in enumerate(self.items) for t in self._instant_tuples(i)})
         out: list[tuple] = []
         prev: Counter = Counter()
         for tau in instants:
-            cur = Counter(self.relation(tau))
+            try:
+                cur = Counter(self.relation(tau))
+            except _Failure as f:
+                return out, tau, f.reason
             if self.r2s == ISTREAM:
                 emit = cur - prev
             elif self.r2s == DSTREAM:
@@ -265,7 +352,7 @@ class _Evaluator:
             for row, n in emit.items():
                 out.extend([(tau, *row)] * n)
             prev = cur
-        return out
+        return out, None, None
 
     # -- instants -----------------------------------------------------------------
     def _instant_tuples(self, i: int) -> list[dict]:
@@ -365,30 +452,58 @@ class _Evaluator:
 
     # -- R(τ) -------------------------------------------------------------------
     def relation(self, tau: int) -> list[tuple]:
-        """R(τ) as a list of rows ``(level, col1, ...)``."""
+        """R(τ) as a list of rows ``(level, col1, ...)``; raises _Failure if it fails."""
         contents = [self.window(i, tau) for i in range(len(self.items))]
         q = self.q
-        rows = [r for r in itertools.product(*contents) if q.where is None or self.eval(q.where, r) is True]
+        rows = [r for r in itertools.product(*contents) if self.passes(q.where, r, None, "WHERE")]
         out: list[tuple] = []
         if not self.is_aggregate:
             for r in rows:
                 lvl = self.lat.lub_all(t["level"] for t in r)
-                out.append((lvl, *self.select_values(r, None)))
+                out.append((lvl, *self._ok(self.select_values(r, None), "SELECT")))
             return out
         groups: dict[tuple, list[tuple]] = {}
         if q.group_by:
             for r in rows:
-                key = tuple(self.eval(g, r) for g in q.group_by)
+                key = tuple(self._ok([self.eval(g, r) for g in q.group_by], "GROUP BY"))
                 groups.setdefault(key, []).append(r)
         else:
             groups[()] = rows  # one group, even over empty input
+        aggs = [a for e in [s.expr for s in q.select or ()] + [q.having] for a in A.aggregates_in(e)]
+        for grp in groups.values():  # every aggregate over every group, before HAVING
+            for a in aggs:
+                if a.arg is None:
+                    continue
+                vals = self._ok([self.eval(a.arg, r) for r in grp], "an aggregate argument")
+                if a.func == "SUM":
+                    vals = [v for v in vals if v is not None]
+                    if vals and all(_is_int(v) for v in vals) and _checked(sum(vals)) is FAILED:
+                        raise _Failure(f"integer overflow: SUM is outside the 64-bit range at {tau}")
         for grp in groups.values():
             rep = grp[0] if grp else None
-            if q.having is not None and self.eval(q.having, rep, grp) is not True:
+            if not self.passes(q.having, rep, grp, "HAVING"):
                 continue
             lvl = self.lat.lub_all(t["level"] for r in grp for t in r)
-            out.append((lvl, *self.select_values(rep, grp)))
+            out.append((lvl, *self._ok(self.select_values(rep, grp), "SELECT")))
         return out
+
+    def passes(self, cond, row, group, clause: str) -> bool:
+        """WHERE/HAVING: False if a top-level conjunct that did not fail is FALSE or NULL, else
+        _Failure if one failed, else True."""
+        if cond is None:
+            return True
+        values = [self.eval(c, row, group) for c in _top_conjuncts(cond)]
+        if any(v is not FAILED and v is not True for v in values):
+            return False
+        if any(v is FAILED for v in values):
+            raise _Failure(f"integer overflow in {clause}")
+        return True
+
+    @staticmethod
+    def _ok(values: list, clause: str) -> list:
+        if any(v is FAILED for v in values):
+            raise _Failure(f"integer overflow in {clause}")
+        return values
 
     def select_values(self, row, group) -> list:
         if self.q.select is None:  # SELECT *: all user attributes, FROM order
@@ -453,10 +568,12 @@ class _Evaluator:
             return self.aggregate(e, group)
         if isinstance(e, A.Unary):
             v = self.eval(e.operand, row, group)
+            if v is FAILED:
+                return FAILED
             if e.op == "NOT":
                 return None if v is None else (not v)
             if e.op == "-":
-                return None if v is None else -v
+                return None if v is None else _checked(-v)
             raise ValueError(f"unknown unary {e.op}")  # pragma: no cover
         if isinstance(e, A.Binary):
             return self.binary(e, row, group)
@@ -470,6 +587,8 @@ class _Evaluator:
                 return (not res) if e.negated else res
             v = self.eval(e.operand, row, group)
             vals = [self.eval(x, row, group) for x in e.items]
+            if v is FAILED or any(x is FAILED for x in vals):
+                return FAILED
             res = _sql_in(v, vals)
             if e.negated:
                 return None if res is None else (not res)
@@ -479,25 +598,13 @@ class _Evaluator:
             return self.lat.leq(v, self.lat.parse(e.level.text))
         if isinstance(e, A.IsNull):
             v = self.eval(e.operand, row, group)
+            if v is FAILED:
+                return FAILED
             return (v is not None) if e.negated else (v is None)
         raise ValueError(f"unsupported expression {e!r}")  # pragma: no cover
 
     def binary(self, e: A.Binary, row, group):
         op = e.op
-        if op == "AND":
-            a, b = self.eval(e.left, row, group), self.eval(e.right, row, group)
-            if a is False or b is False:
-                return False
-            if a is None or b is None:
-                return None
-            return True
-        if op == "OR":
-            a, b = self.eval(e.left, row, group), self.eval(e.right, row, group)
-            if a is True or b is True:
-                return True
-            if a is None or b is None:
-                return None
-            return False
         if op in A.COMPARISONS:
             # `level = U`: a bare name / string next to `level` is a level literal
             if self._is_level_col(e.left):
@@ -508,8 +615,24 @@ class _Evaluator:
                 lv = self._as_level(e.left)
                 if lv is not None:
                     return _compare(op, lv, self.eval(e.right, row, group))
-            return _compare(op, self.eval(e.left, row, group), self.eval(e.right, row, group))
+        # eager: both operands are always evaluated, and a failed one fails the result
         a, b = self.eval(e.left, row, group), self.eval(e.right, row, group)
+        if a is FAILED or b is FAILED:
+            return FAILED
+        if op == "AND":
+            if a is False or b is False:
+                return False
+            if a is None or b is None:
+                return None
+            return True
+        if op == "OR":
+            if a is True or b is True:
+                return True
+            if a is None or b is None:
+                return None
+            return False
+        if op in A.COMPARISONS:
+            return _compare(op, a, b)
         return _arith(op, a, b)
 
     def aggregate(self, e: A.Aggregate, group: list) -> Any:
@@ -522,9 +645,9 @@ class _Evaluator:
         if not vals:
             return None
         if e.func == "SUM":
-            return _sum(vals)
+            return _checked(_sum(vals))  # exact; relation() fails the instant when out of range
         if e.func == "AVG":
-            s = _sum(vals)
+            s = _sum(vals)  # an exact integer sum, correctly rounded by the division
             return float(s) / len(vals) if isinstance(s, float) else s / len(vals)
         if e.func == "MIN":
             return min(vals)
@@ -543,9 +666,19 @@ def _sum(vals: list):
     return sum(int(v) for v in vals)
 
 
+def _numeric_pair(a, b):
+    """A long compared with a double is compared as a double (SQL's widening, Spark's rule)."""
+    if isinstance(a, float) and _is_int(b):
+        return a, float(b)
+    if isinstance(b, float) and _is_int(a):
+        return float(a), b
+    return a, b
+
+
 def _compare(op: str, a, b):
     if a is None or b is None:
         return None
+    a, b = _numeric_pair(a, b)
     if op == "=":
         return a == b
     if op == "!=":
@@ -565,11 +698,11 @@ def _arith(op: str, a, b):
     if a is None or b is None:
         return None
     if op == "+":
-        return a + b
+        return _checked(a + b)
     if op == "-":
-        return a - b
+        return _checked(a - b)
     if op == "*":
-        return a * b
+        return _checked(a * b)
     if op == "/":  # always double; x/0 = NULL
         if b == 0:
             return None
@@ -587,7 +720,7 @@ def _arith(op: str, a, b):
 def _sql_in(v, vals: list):
     if v is None:
         return None
-    if any(x is not None and x == v for x in vals):
+    if any(x is not None and _compare("=", v, x) for x in vals):
         return True
     if any(x is None for x in vals):
         return None

@@ -1,0 +1,125 @@
+"""A query set through the real master data path and Spark workers, in one process.
+
+:func:`run_distributed` is what the differential tests compare with the reference:
+the master's pipeline (shepherd, chunker with legacy windows, ROWS pruning as on the
+wire) cuts the input into chunks, each chunk runs on one of several
+:class:`~strata.worker.shared.SharedExecutor` instances (the worker's evaluation,
+shared plans included), results come back in a random order, and per query they
+are assembled like the master does: in chunk order, and a query *stops* at its
+first result carrying an error, keeping that result's rows before ``error_ts``.
+The assembly is written here from the ChunkResult contract, not taken from the
+master, so the master's merge is not what is being trusted.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from strata.chunking.model import Chunk, ChunkResult
+from strata.master.local import cut_chunks
+
+from .tables import rows_of
+
+__all__ = ["Output", "run_distributed"]
+
+
+@dataclass
+class Output:
+    """One query's distributed output: rows (ts, level, cols...) and its failure, if any."""
+
+    rows: list[tuple] = field(default_factory=list)
+    error_ts: int | None = None
+    error: str | None = None
+
+
+def run_distributed(config, level: str, texts: list[str], inputs: dict[str, pa.Table], executors: list,
+                    chunk_instants: int = 1, rnd: random.Random | None = None, prune: bool = False,
+                    incremental: bool = False) -> dict[str, Output]:
+    """Outputs per query id (``q1``, ``q2``… in the order of ``texts``).
+
+    ``executors``: SharedExecutors (one per simulated worker); each chunk goes to a random
+    one.  ``incremental``: chunks are cut one at a time and each result is confirmed before
+    the next is cut (running states travel between chunks, as in a live cluster); else all
+    chunks are cut first and complete in a random order.
+    """
+    rnd = rnd or random.Random(0)
+    p, ids, chunks = _setup(config, level, texts, inputs, chunk_instants, incremental)
+    results: dict[int, list[ChunkResult]] = {}
+    order: list[Chunk] = []
+
+    def evaluate(chunk: Chunk) -> list[ChunkResult]:
+        if prune:  # what the master's dispatch sends on the wire (ROWS windows pruned)
+            from strata.chunking.prune import prune_chunk
+
+            chunk = prune_chunk(chunk, p.queries)
+        ex = executors[rnd.randrange(len(executors))]
+        res = ex.run(p.queries, chunk.queries)
+        for qc, r in zip(chunk.queries, res):
+            assert r.query_id == qc.query_id and r.chunk_id == chunk.chunk_id
+            if r.error is not None:
+                _check_error_result(qc, r)
+        return res
+
+    if incremental:
+        last = max((int(t.column("ts").to_numpy().max()) for t in inputs.values() if t is not None and t.num_rows),
+                   default=0)
+        for upto in range(0, last + chunk_instants + 1, chunk_instants):
+            for chunk in p.advance(upto):
+                results[chunk.chunk_id] = evaluate(chunk)
+                order.append(chunk)
+                for r in results[chunk.chunk_id]:
+                    if r.error is None:
+                        p.chunker.confirm(r)
+        for chunk in p.finish():
+            results[chunk.chunk_id] = evaluate(chunk)
+            order.append(chunk)
+    else:
+        shuffled = list(chunks)
+        rnd.shuffle(shuffled)  # out-of-order completion
+        for chunk in shuffled:
+            results[chunk.chunk_id] = evaluate(chunk)
+        order = chunks
+    return _assemble(order, results, ids)
+
+
+def _setup(config, level, texts, inputs, chunk_instants, incremental):
+    if not incremental:
+        return cut_chunks(config, level, texts, inputs, chunk_instants)
+    from strata.master.pipeline import QueryPipeline
+
+    p = QueryPipeline(config, level, chunk_instants=chunk_instants)
+    ids = [p.add_query(q)[0] for q in texts]
+    for stream, table in inputs.items():
+        if table is not None and table.num_rows:
+            p.ingest(stream, table)
+    return p, ids, []
+
+
+def _check_error_result(qc, r: ChunkResult) -> None:
+    """The ChunkResult contract for a failed query."""
+    assert isinstance(r.error, str) and r.error and "\n" not in r.error, r.error
+    assert r.state is None and r.state_upto is None
+    assert r.error_ts in [int(t) for t in qc.instants], (r.error_ts, qc.instants)
+    ts = r.rows.column("ts").to_pylist() if r.rows.num_rows else []
+    assert all(t < r.error_ts for t in ts), "rows at or after error_ts"
+
+
+def _assemble(order: list[Chunk], results: dict[int, list[ChunkResult]], ids: list[str]) -> dict[str, Output]:
+    out = {qid: Output() for qid in ids}
+    stopped: set[str] = set()
+    for chunk in sorted(order, key=lambda c: c.chunk_id):
+        for r in results[chunk.chunk_id]:
+            if r.query_id in stopped or r.query_id not in out:
+                continue
+            o = out[r.query_id]
+            rows = rows_of(r.rows)
+            if r.error is not None:
+                o.rows += [row for row in rows if row[0] < r.error_ts]
+                o.error_ts, o.error = r.error_ts, r.error
+                stopped.add(r.query_id)
+            else:
+                o.rows += rows
+    return out
