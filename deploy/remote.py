@@ -458,9 +458,10 @@ def agent_probe(level: str, key_file: str, address: str, port: int, interface: s
                 data, _ = rx.recvfrom(65535)
             except OSError:
                 continue
-            hb = table.receive(data, time.monotonic())
-            if hb is not None:
-                heard[hb.sid] = {"role": hb.role, "state": hb.state, "cpu": hb.cpu, "pid": hb.pid}
+            hb = table.receive(data, time.monotonic())  # refuses (and counts) anything not a valid heartbeat
+            if hb is not None:  # a listener proves no address: what each heard member says of itself
+                heard[hb.sid] = {"role": hb.role, "state": hb.state, "cpu": hb.cpu, "pid": hb.pid,
+                                 "slots": hb.slots, "identity": hb.identity[:16]}
                 if expect and set(expect) <= set(heard):
                     break
     finally:

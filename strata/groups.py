@@ -14,13 +14,17 @@ the environment (``STRATA_GROUP_ADDRESS``, ``STRATA_GROUP_INTERFACE``,
 ``STRATA_GROUP_TTL``): ``strata deploy`` gives every host its own interface.
 
 Without a key in the configuration, ``strata up`` generates one per level in
-its state directory.  The key authenticates heartbeats (HMAC) and
-master→worker calls (HMAC over the request), so a process of another level, or
-one without the key, can neither join nor drive a group.
+its state directory.  The key is never used directly: HKDF-SHA256 derives one
+key per purpose from it (:func:`derive_key`): ``heartbeat-aead`` encrypts and
+authenticates heartbeats (AES-256-GCM, worker/group.py) and ``request-mac``
+authenticates master→worker calls (HMAC-SHA256 over the request).  So a process
+of another level, or one without the key, can neither join, read nor drive a
+group.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -30,7 +34,8 @@ from pathlib import Path
 
 from strata.config import Config, ConfigError
 
-__all__ = ["group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER"]
+__all__ = ["group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER",
+           "derive_key", "KEY_PURPOSES"]
 
 AUTH_HEADER = "x-strata-group-auth"
 MAX_SKEW = 60.0
@@ -125,9 +130,28 @@ def _env_overrides(address: str, interface: str, ttl: int) -> tuple[str, str, in
     return address, interface, ttl
 
 
+#: what a level's group key is used for; each purpose gets its own derived key
+KEY_PURPOSES = ("heartbeat-aead", "request-mac")
+
+
+@functools.lru_cache(maxsize=64)
+def derive_key(group_key: bytes, purpose: str) -> bytes:
+    """The 32-byte key of ``purpose`` (:data:`KEY_PURPOSES`) derived from a level's group key (HKDF-SHA256)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    if purpose not in KEY_PURPOSES:
+        raise ValueError(f"unknown key purpose {purpose!r}")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"strata group key v2",
+                info=b"strata/" + purpose.encode()).derive(bytes(group_key))
+
+
 def sign_request(key: bytes, level: str, payload_digest: bytes, now: float | None = None) -> str:
+    """The ``x-strata-group-auth`` header of a master→worker call: time and HMAC under the
+    group key's ``request-mac`` key."""
     ts = f"{(now if now is not None else time.time()):.3f}"
-    mac = hmac.new(key, b"|".join([level.encode(), ts.encode(), payload_digest]), hashlib.sha256).hexdigest()
+    mac = hmac.new(derive_key(key, "request-mac"), b"|".join([level.encode(), ts.encode(), payload_digest]),
+                   hashlib.sha256).hexdigest()
     return f"{ts}:{mac}"
 
 
@@ -135,11 +159,14 @@ def verify_request(key: bytes, level: str, payload_digest: bytes, header: str | 
     if not header or ":" not in header:
         return False
     ts, mac = header.split(":", 1)
+    if not mac.isascii():
+        return False
     try:
         t = float(ts)
     except ValueError:
         return False
-    if abs(time.time() - t) > MAX_SKEW:
+    if not abs(time.time() - t) <= MAX_SKEW:  # also refuses nan and inf
         return False
-    want = hmac.new(key, b"|".join([level.encode(), ts.encode(), payload_digest]), hashlib.sha256).hexdigest()
+    want = hmac.new(derive_key(key, "request-mac"), b"|".join([level.encode(), ts.encode(), payload_digest]),
+                    hashlib.sha256).hexdigest()
     return hmac.compare_digest(want, mac)

@@ -10,6 +10,8 @@ import pytest
 
 from strata.worker.group import GroupMember, GroupSpec, GroupTable, Heartbeat, encode_heartbeat
 
+from .polling import poll
+
 
 def free_udp_port() -> int:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -19,13 +21,7 @@ def free_udp_port() -> int:
     return port
 
 
-def poll(predicate, timeout=5.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+SIDS = {"S": ["127.0.0.1:101", "127.0.0.1:102"], "TS": ["127.0.0.1:201", "127.0.0.1:202"]}
 
 
 @pytest.fixture
@@ -37,8 +33,8 @@ def groups():
     }
     members = []
     for level, spec in specs.items():
-        for i in range(2):
-            members.append(GroupMember(spec, sid=f"{level}-w{i}", load=lambda: 12.5).start())
+        for sid in SIDS[level]:
+            members.append(GroupMember(spec, sid=sid, load=lambda: 12.5).start())
     yield specs, members
     for m in members:
         m.stop()
@@ -48,10 +44,11 @@ def test_group_tables_hold_only_their_level(groups):
     specs, members = groups
     s_members = [m for m in members if m.spec.level == "S"]
     ts_members = [m for m in members if m.spec.level == "TS"]
-    assert poll(lambda: all(set(m.snapshot()) == {"S-w0", "S-w1"} for m in s_members))
-    assert poll(lambda: all(set(m.snapshot()) == {"TS-w0", "TS-w1"} for m in ts_members))
-    hb = s_members[0].snapshot()["S-w1"]
-    assert hb.cpu == 12.5 and hb.level == "S" and hb.pid == os.getpid()
+    assert poll(lambda: all(set(m.snapshot()) == set(SIDS["S"]) for m in s_members), 5.0, 0.05)
+    assert poll(lambda: all(set(m.snapshot()) == set(SIDS["TS"]) for m in ts_members), 5.0, 0.05)
+    hb = s_members[0].snapshot()[SIDS["S"][1]]
+    assert hb.cpu == 12.5 and hb.level == "S" and hb.pid == os.getpid() and hb.slots == 2
+    assert hb.identity == s_members[1].identity.hex  # signed by that member's own key
 
 
 def _send(spec: GroupSpec, data: bytes) -> None:
@@ -66,15 +63,15 @@ def test_forged_wrong_key_and_garbage_are_ignored(groups):
     specs, members = groups
     s = specs["S"]
     target = next(m for m in members if m.spec.level == "S")
-    assert poll(lambda: len(target.snapshot()) == 2)
-    forged = Heartbeat("S", "evil:1", 0.0, seq=1, sent_at=time.time(), pid=1)
+    assert poll(lambda: len(target.snapshot()) == 2, 5.0, 0.05)
+    forged = Heartbeat("S", "127.0.0.1:666", 0.0, seq=1, sent_at=time.time(), pid=1)
     _send(s, encode_heartbeat(forged, os.urandom(32)))  # forger without the key
-    _send(s, encode_heartbeat(Heartbeat("TS", "TS-x", 0.0, seq=1, sent_at=time.time()), specs["TS"].key))
-    _send(s, encode_heartbeat(Heartbeat("TS", "spoof", 0.0, seq=1, sent_at=time.time()), s.key))  # wrong level
+    _send(s, encode_heartbeat(Heartbeat("TS", "127.0.0.1:667", 0.0, seq=1, sent_at=time.time()), specs["TS"].key))
+    _send(s, encode_heartbeat(Heartbeat("TS", "127.0.0.1:668", 0.0, seq=1, sent_at=time.time()), s.key))  # level
     _send(s, b"\x00garbage" * 10)
-    assert poll(lambda: sum(target.rejected.values()) >= 4)
-    assert set(target.snapshot()) == {"S-w0", "S-w1"}
-    assert target.rejected["bad_hmac"] >= 2 and target.rejected["other_level"] >= 1
+    assert poll(lambda: sum(target.rejected.values()) >= 4, 5.0, 0.05)
+    assert set(target.snapshot()) == set(SIDS["S"])
+    assert target.rejected["bad_key"] >= 2 and target.rejected["other_level"] >= 1
     assert target.rejected["garbage"] >= 1
 
 
@@ -82,10 +79,13 @@ def test_table_replay_and_expiry_logic():
     key = b"k" * 32
     t = GroupTable("S", key, timeout=3.0)
     hb = Heartbeat("S", "a:1", 50.0, pid=9, seq=5, sent_at=time.time())
-    assert t.receive(encode_heartbeat(hb, key), now=0.0) is not None
-    assert t.receive(encode_heartbeat(hb, key), now=1.0) is None  # replayed
+    data = encode_heartbeat(hb, key)
+    assert t.receive(data, now=0.0) is not None
+    assert t.receive(data, now=1.0) is None  # replayed
     assert t.rejected["replay"] == 1
     old = Heartbeat("S", "b:1", 5.0, pid=9, seq=1, sent_at=time.time() - 3600)
     assert t.receive(encode_heartbeat(old, key), now=1.0) is None
     assert t.rejected["stale"] == 1
     assert t.expire(now=3.5) == ["a:1"]
+    assert t.receive(data, now=4.0) is None  # expired from the table, still a replay
+    assert t.rejected["replay"] == 2
