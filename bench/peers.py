@@ -1,5 +1,9 @@
 """Peers on the same machine and data: Spark Structured Streaming and single-process DuckDB.
 
+``python -m bench.peers`` runs the RANGE comparison (:func:`range_comparison`): Strata's engine
+path against Structured Streaming's sliding window on ``SELECT sid, AVG(bp) FROM Vitals [RANGE 10
+SECONDS] GROUP BY sid``, both checked against DuckDB on every instant.
+
 Structured Streaming cannot express a ``ROWS n`` window on a stream (it rejects
 non-time-based windows, see :func:`sss_rows_window_error`), so the closest
 expressible query is the per-instant time-window aggregate, i.e. Strata's
@@ -115,3 +119,194 @@ def sss_rows_window_error() -> str:
         return msg[:300]
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- RANGE windows where every tuple counts: Strata's engine path vs a sliding window ---------------
+RANGE10_QUERY = "SELECT sid, AVG(bp) FROM Vitals [RANGE 10 SECONDS] GROUP BY sid"
+#: the same query at TS for Structured Streaming: window [s, s + 10 s) sliding by 1 s; Strata's
+#: window at instant τ is (τ - 10, τ], i.e. the sliding window starting at τ - 9
+RANGE10_SECONDS = 10
+_RANK = {"U": 0, "C": 1, "S": 2, "TS": 3}
+
+
+def duckdb_range10(table: pa.Table) -> tuple[dict, float]:
+    """``{(τ, sid): (avg, level)}`` at every instant with DuckDB (window ``τ-9 ≤ ts ≤ τ``; level =
+    the highest of the group's tuples, the lub in the battlefield's total order); and seconds."""
+    import duckdb
+
+    con = duckdb.connect()
+    lv = pa.array([_RANK[x] for x in table.column("level").to_pylist()], pa.int64())
+    con.register("src", pa.table({"ts": table.column("ts"), "sid": table.column("sid"),
+                                  "bp": table.column("bp"), "lv": lv}))
+    t0 = time.perf_counter()
+    out = con.sql(
+        f"SELECT t.ts AS tau, s.sid, AVG(s.bp) AS a, MAX(s.lv) AS lv FROM (SELECT DISTINCT ts FROM src) t "
+        f"JOIN src s ON s.ts BETWEEN t.ts - {RANGE10_SECONDS - 1} AND t.ts GROUP BY 1, 2").fetchall()
+    secs = time.perf_counter() - t0
+    names = {v: k for k, v in _RANK.items()}
+    return {(int(t), s): (a, names[int(v)]) for t, s, a, v in out}, secs
+
+
+def strata_range10(table: pa.Table, chunk_instants: int, engine=None) -> dict:
+    """Strata's engine path in one process: the master's chunker cuts ``table`` into chunks of
+    ``chunk_instants`` instants (with the RANGE legacy of each), the worker's engine evaluates
+    them one after the other (``Engine.run``, the interpreted session for small chunks, the
+    pre-aggregation for RANGE aggregates).  Seconds of cutting and of evaluation, and the rows."""
+    from strata.config import parse_config
+    from strata.examples import BATTLEFIELD_TOML
+    from strata.master.local import cut_chunks
+    from strata.worker.engine import Engine
+
+    cfg = parse_config(BATTLEFIELD_TOML)
+    engine = engine or Engine(_spark(), cfg)
+    t0 = time.perf_counter()
+    p, ids, chunks = cut_chunks(cfg, "TS", [RANGE10_QUERY], {"Vitals": table}, chunk_instants)
+    cut = time.perf_counter() - t0
+    parts = []
+    t1 = time.perf_counter()
+    for c in chunks:
+        for qc in c.queries:
+            r = engine.run(p.queries[qc.query_id], qc)
+            if r.error:
+                raise RuntimeError(r.error)
+            parts.append(r.rows)
+    secs = time.perf_counter() - t1
+    rows = pa.concat_tables(parts) if parts else None
+    return {"seconds": round(cut + secs, 3), "cut_seconds": round(cut, 3), "engine_seconds": round(secs, 3),
+            "chunks": len(chunks), "rows": rows}
+
+
+def sss_range10(table: pa.Table, files_per_batch: int) -> dict:
+    """Structured Streaming: ``groupBy(window(ts, "10 seconds", "1 second"), sid).avg(bp)`` over one
+    Parquet file per instant, ``files_per_batch`` files per micro-batch, update mode, memory sink."""
+    from pyspark.sql import functions as F
+
+    spark = _spark()
+    d = Path(tempfile.mkdtemp(prefix="strata-sss-"))
+    try:
+        src = d / "in"
+        src.mkdir()
+        ts = table.column("ts").to_numpy()
+        cuts = np.flatnonzero(np.diff(ts)) + 1
+        bounds = np.concatenate(([0], cuts, [len(ts)]))
+        for i in range(len(bounds) - 1):
+            a, b = int(bounds[i]), int(bounds[i + 1])
+            pq.write_table(table.slice(a, b - a).select(["ts", "level", "sid", "bp", "pr", "weight"]),
+                           src / f"part-{i:06d}.parquet")
+        schema = spark.read.parquet(str(src / "part-000000.parquet")).schema
+        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", files_per_batch).parquet(str(src))
+        agg = (df.withColumn("et", F.timestamp_seconds("ts"))
+               .groupBy(F.window("et", f"{RANGE10_SECONDS} seconds", "1 second"), "sid").agg(F.avg("bp").alias("a"))
+               .select((F.unix_timestamp(F.col("window.end")) - 1).alias("tau"), "sid", "a"))
+        name = f"sss_range_{int(time.time() * 1000)}"
+        t0 = time.perf_counter()
+        q = (agg.writeStream.outputMode("update").format("memory").queryName(name)
+             .option("checkpointLocation", str(d / "ckpt")).trigger(availableNow=True).start())
+        q.awaitTermination()
+        secs = time.perf_counter() - t0
+        rows = spark.sql(f"SELECT tau, sid, a FROM {name}").toArrow()
+        spark.catalog.dropTempView(name)
+        return {"seconds": round(secs, 3), "micro_batches": len(q.recentProgress), "rows": rows}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def check_range10(expected: dict, rows: pa.Table, what: str, instants: set[int], levels: bool) -> int:
+    """Compare a run with DuckDB at every instant (every (τ, sid) group, AVG within 1e-9, and the
+    level when the run has one); returns how many groups were compared."""
+    from bench.check import BenchCheckFailed
+
+    got: dict = {}
+    names = rows.column_names
+    tau_col = "ts" if "ts" in names else "tau"
+    avg_col = [c for c in names if c not in (tau_col, "sid", "level")][0]
+    lv = rows.column("level").to_pylist() if levels else [None] * rows.num_rows
+    for t, s, a, l in zip(rows.column(tau_col).to_pylist(), rows.column("sid").to_pylist(),
+                          rows.column(avg_col).to_pylist(), lv):
+        if int(t) in instants:
+            got[(int(t), s)] = (a, l)  # update mode: the last emission of a window wins
+    exp = {k: v for k, v in expected.items() if k[0] in instants}
+    if set(got) != set(exp):
+        missing = sorted(set(exp) - set(got))[:3]
+        extra = sorted(set(got) - set(exp))[:3]
+        raise BenchCheckFailed(f"{what}: groups differ from DuckDB (missing {missing}, extra {extra})")
+    for k, (a, l) in exp.items():
+        ga, gl = got[k]
+        if not np.isclose(ga, a, rtol=1e-9, atol=1e-9):
+            raise BenchCheckFailed(f"{what}: AVG at {k} is {ga}, DuckDB {a}")
+        if levels and gl != l:
+            raise BenchCheckFailed(f"{what}: level at {k} is {gl}, DuckDB {l}")
+    return len(exp)
+
+
+def range_comparison(tuples: int = 1_000_000, per_instant: int = 20_000, chunk_lengths=(1, 25),
+                     runs: int = 3) -> dict:
+    """Strata's engine path vs Structured Streaming on ``RANGE10_QUERY``'s data, both checked
+    against DuckDB on every instant; runs interleaved (Strata, SSS, Strata, ...) in one session."""
+    from bench.workloads import vitals
+    from strata.config import parse_config
+    from strata.examples import BATTLEFIELD_TOML
+    from strata.worker.engine import Engine
+
+    import os
+
+    table = vitals(tuples, per_instant)
+    instants = set(int(t) for t in np.unique(table.column("ts").to_numpy()))
+    expected, dd_secs = duckdb_range10(table)
+    engine = Engine(_spark(), parse_config(BATTLEFIELD_TOML))
+    out = {"tuples": tuples, "per_instant": per_instant, "duckdb_seconds": round(dd_secs, 3), "configs": []}
+    for k in chunk_lengths:
+        cfg = {"chunk_instants": k, "strata": [], "sss": [], "load": []}
+        for r in range(runs):
+            cfg["load"].append(round(os.getloadavg()[0], 2))
+            s = strata_range10(table, k, engine)
+            cfg["checked_groups"] = check_range10(expected, s.pop("rows"), f"Strata K={k}", instants, levels=True)
+            cfg["strata"].append(s)
+            m = sss_range10(table, k)
+            check_range10(expected, m.pop("rows"), f"Structured Streaming K={k}", instants, levels=False)
+            cfg["sss"].append(m)
+            print(f"K={k} run {r + 1}: Strata {s['seconds']:.2f} s ({s['chunks']} chunks), "
+                  f"Structured Streaming {m['seconds']:.2f} s ({m['micro_batches']} micro-batches), "
+                  f"load {cfg['load'][-1]}", flush=True)
+        out["configs"].append(cfg)
+    return out
+
+
+def main(argv=None) -> int:
+    """``python -m bench.peers``: the RANGE comparison, as a markdown table on stdout."""
+    import argparse
+    import json
+    import statistics
+
+    ap = argparse.ArgumentParser(description="Strata's engine path vs Structured Streaming on RANGE 10 s")
+    ap.add_argument("--tuples", type=int, default=1_000_000)
+    ap.add_argument("--per-instant", type=int, default=20_000)
+    ap.add_argument("--chunks", type=int, nargs="+", default=[1, 25], help="instants per chunk / micro-batch")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    res = range_comparison(args.tuples, args.per_instant, args.chunks, args.runs)
+    print(f"\n{args.tuples:,} Vitals tuples, {args.per_instant:,} per instant, `{RANGE10_QUERY}` at TS; "
+          f"DuckDB {res['duckdb_seconds']} s; every run checked against DuckDB on all instants "
+          f"({res['configs'][0].get('checked_groups', 0):,} (instant, sid) groups).\n")
+    print("| instants per chunk / micro-batch | run | Strata s | Strata tuples/s | Structured Streaming s | "
+          "SSS tuples/s | Strata / SSS speed | load |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for cfg in res["configs"]:
+        for r, (s, m) in enumerate(zip(cfg["strata"], cfg["sss"])):
+            label = "1 (cold)" if r == 0 else str(r + 1)
+            print(f"| {cfg['chunk_instants']} | {label} | {s['seconds']:.2f} | {args.tuples / s['seconds']:,.0f} | "
+                  f"{m['seconds']:.2f} | {args.tuples / m['seconds']:,.0f} | {m['seconds'] / s['seconds']:.1f}x | "
+                  f"{cfg['load'][r]} |")
+        if len(cfg["strata"]) > 1:
+            ms = statistics.median(x["seconds"] for x in cfg["strata"][1:])
+            mm = statistics.median(x["seconds"] for x in cfg["sss"][1:])
+            print(f"| {cfg['chunk_instants']} | median 2-{len(cfg['strata'])} | {ms:.2f} | {args.tuples / ms:,.0f} | "
+                  f"{mm:.2f} | {args.tuples / mm:,.0f} | {mm / ms:.1f}x | |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

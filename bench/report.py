@@ -52,6 +52,9 @@ def _plots(res: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     files = []
+    up = res.get("userpath")
+    if up:
+        L += _userpath_section(up)
     bf = res.get("bf")
     if bf:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -152,7 +155,7 @@ def _size_label(n: int) -> str:
 
 def _overhead_section(ov: dict, mpath: dict | None, files: list[str]) -> list[str]:
     """Table 9.7's layout: mean execution time, overhead and standard deviation per data size."""
-    L = ["## MLS overhead as the dissertation measured it (§9.3.2, Table 9.7)" + _when(ov), "",
+    L = ["## MLS overhead as the dissertation measured it (§9.3.2, Table 9.7)" + _when(ov), ""] + _caveat(ov) + ["",
          f"Input paced at {ov['rate']:,} tuples/s ({ov['per_instant']:,} tuples per instant, 4 levels, 1/4 each), "
          f"queries at TS, {ov['workers']} workers, {ov['chunk_instants']} instants per chunk. Execution time = "
          "first tuple sent → last result received. Per configuration "
@@ -225,6 +228,76 @@ def _when(sec: dict) -> str:
     return f" ({sec.get('mode', '?')} mode, {sec.get('date', '?')})" if sec.get("date") else ""
 
 
+def _caveat(sec: dict, warm: bool = True) -> list[str]:
+    """The label of a figure not obtained on the default path: an injected CPU reading, an
+    unmeasured warm-up run, the harness as client instead of the CLI."""
+    runs = sec.get("runs") or [v for k, v in sec.items() if isinstance(v, dict) and "cpu_reading" in v]
+    readings = sorted({r.get("cpu_reading") for r in runs if isinstance(r, dict) and r.get("cpu_reading")})
+    parts = []
+    if "dedicated" in readings:
+        parts.append("runs marked `dedicated` use an **injected** idle CPU reading (`STRATA_CPU_OVERRIDE=0`)")
+    if warm:
+        parts.append("each cluster ran one **unmeasured warm-up** run first (JVM start-up and the first, cold "
+                     "Spark jobs are not in these figures)")
+    parts.append("the harness is the client (one Ingest + Advance per instant), not the CLI")
+    return [f"*Not the default path:* {'; '.join(parts)}. The default-path figures are in *The user's path* "
+            "above.", ""]
+
+
+def _userpath_section(up: dict) -> list[str]:
+    """The headline: the CLI as a user runs it."""
+    rp, cl, ing, demo = up.get("replay") or {}, up.get("cluster") or {}, up.get("ingest") or {}, up.get("demo") or {}
+    big, small = rp.get("big", 1_000_000), rp.get("small", 20_000)
+
+    def tp(x):
+        return f"**{x:,} tuples/s**" if x else "— (the difference was not positive: noise)"
+
+    L = ["## The user's path: CLI commands, default settings, nothing injected" + _when(up), ""]
+    L += [f"Battlefield CSVs of {big:,} and {small:,} Vitals tuples ({up.get('per_instant', 20000):,} per instant, "
+          f"4 levels, 1/4 each), `{up.get('query')}` at level {up.get('level')} (the shepherd drops the TS "
+          f"quarter), run as subprocesses exactly as typed; throughput = ({big:,} − {small:,}) / (T_{big // 1000}k − "
+          f"T_{small // 1000}k), medians of {up.get('reps')} interleaved runs each; start-up reported apart. CPU = "
+          "all processes of the command's tree, JVMs included. Load average "
+          f"{up.get('load_start')} at the start, {up.get('load_end')} at the end (a shared 2-core VM: noisy).", ""]
+    L += ["| command | T small s | T large s | throughput (large − small) | start-up s | processing large s | "
+          "CPU large s | per-pair throughputs |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+
+    def row(name, sec, start):
+        if not sec:
+            return
+        sx = sec.get("seconds", {})
+        pr = (sec.get("process") or {}).get("big")
+        L.append(f"| {name} | {_fmt(sx.get('small'), 1)} | {_fmt(sx.get('big'), 1)} | {tp(sec.get('throughput'))} | "
+                 f"{_fmt(start, 1)} | {_fmt(pr, 2) if pr is not None else '—'} | "
+                 f"{_fmt((sec.get('cpu_seconds') or {}).get('big'), 1)} | "
+                 f"{', '.join(_fmt(x) for x in sec.get('pair_throughputs', []) if x) or '—'} |")
+
+    row("`strata replay --workers 2 --chunk-seconds 1` (embedded cluster per run)", rp, rp.get("start"))
+    row("`strata up` once, then `strata replay --cluster DIR` per run (warm workers)", cl, cl.get("start"))
+    row("`strata up`, `strata query &`, `strata ingest --labelled --finish` (time: ingest → last result)", ing,
+        ing.get("up_seconds"))
+    L += [""]
+    runs = rp.get("runs") or []
+    if runs:
+        split = [r["timings"].get("start_split") or {} for r in runs]
+        firsts = [x.get("first") for x in split if x.get("first") is not None]
+        alls = [x.get("all") for x in split if x.get("all") is not None]
+        if firsts:
+            L += [f"Embedded cluster start-up (master and 2 Spark workers): first worker ready after "
+                  f"{_fmt(sorted(firsts)[len(firsts) // 2], 1)} s, all ready after {_fmt(sorted(alls)[len(alls) // 2], 1)} s "
+                  "(medians).", ""]
+    if demo:
+        L += [f"`./dev run` (set-up done): **{_fmt(demo.get('seconds'), 1)} s** in all; cluster start-up "
+              f"{_fmt(demo.get('start'), 1)} s, then {_fmt(demo.get('after_ready'), 1)} s until its results are "
+              f"written (medians of {len(demo.get('runs', []))}).", ""]
+    L += ["Targets (issue 13, for a quiet machine): replay ≥ 1,000,000 tuples/s as (1 M − 20 k); `./dev run` ≤ "
+          "20 s in all and ≤ 5 s after the cluster is ready.", ""]
+    checks = (rp.get("checks") or []) + (cl.get("checks") or []) + (ing.get("checks") or []) + (demo.get("checks") or [])
+    if checks:
+        L += ["Correctness (every output file checked): " + "; ".join(checks) + ".", ""]
+    return L
+
+
 def write_report(res: dict, out: Path) -> None:
     meta = res.get("meta", {})
     mach = meta.get("machine", {})
@@ -232,7 +305,9 @@ def write_report(res: dict, out: Path) -> None:
     L += [f"Generated by `bench/run.py`; last invocation `{meta.get('command', '?')}` "
           f"({meta.get('mode', '?')} mode) on {meta.get('date', '?')}, {meta.get('seconds', '?')} s; each section "
           f"names the mode and time of its own run. Mutual TLS {'on' if meta.get('tls') else 'off'}; "
-          f"Algorithm 5 load reading `{meta.get('cpu_reading', 'host')}` (see *Algorithm 5 on one shared host*).", ""]
+          f"Algorithm 5 load reading of the sections' own clusters: `{meta.get('cpu_reading', 'host')}` (see *Algorithm 5 "
+          "on one shared host*; each section says what its figures are, and only *The user's path* is the default "
+          "path).", ""]
     L += [f"Machine: {mach.get('cpus')} CPUs ({mach.get('cpu')}), {mach.get('mem_gb')} GB, {mach.get('os')}, "
           f"Python {mach.get('python')}, PySpark {mach.get('pyspark')}, {mach.get('java')}. "
           f"1-minute load average at the start: {meta.get('load_start')} (the `load` column gives it per run: "
@@ -244,9 +319,13 @@ def write_report(res: dict, out: Path) -> None:
     except ImportError:  # the bench extra (matplotlib) is missing: the tables still get written
         files = []
         L += ["(Plots not drawn: matplotlib is not installed; `pip install -e .[bench]`.)", ""]
+    up = res.get("userpath")
+    if up:
+        L += _userpath_section(up)
     bf = res.get("bf")
     if bf:
         L += ["## Battlefield workload (§9.2): throughput and latency at saturation, MLS vs vanilla" + _when(bf), ""]
+        L += _caveat(bf)
         L += [f"{bf['tuples']:,} tuples per stream read, {bf['per_instant']:,} tuples per instant, 4 levels "
               f"(1/4 each), queries at TS (all tuples visible, as the dissertation's \"highest level\"), "
               f"{bf['chunk_instants']} instants per chunk. Queries:", ""]
@@ -276,7 +355,7 @@ def write_report(res: dict, out: Path) -> None:
         L += _overhead_section(ov, res.get("mpath"), files)
     lat = res.get("latency")
     if lat:
-        L += [f"## Latency at {lat['rate']:,} tuples/s (paced input)" + _when(lat), "",
+        L += [f"## Latency at {lat['rate']:,} tuples/s (paced input)" + _when(lat), ""] + _caveat(lat) + ["",
               f"`{lat['query']}`, 2 workers, one instant = 1 s = {lat['rate']:,} tuples; latency of instant τ = "
               "arrival of its result − the moment the Advance closing τ was sent (includes waiting for the rest "
               "of τ's chunk).", "",
@@ -289,7 +368,7 @@ def write_report(res: dict, out: Path) -> None:
         L += ["Correctness: " + "; ".join(lat["checks"]) + ".", ""]
     ch = res.get("chunks")
     if ch:
-        L += ["## Scaling with chunk length" + _when(ch), "", f"`{ch['query']}`, 2 workers, {ch['per_instant']:,} tuples/instant.", "",
+        L += ["## Scaling with chunk length" + _when(ch), ""] + _caveat(ch) + [f"`{ch['query']}`, 2 workers, {ch['per_instant']:,} tuples/instant.", "",
               "| instants/chunk | tuples | seconds | tuples/s | chunks | wait ms | round trip ms | engine ms | "
               "transport ms | load |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sorted(ch["runs"], key=lambda r: r["chunk_instants"]):
@@ -305,7 +384,7 @@ def write_report(res: dict, out: Path) -> None:
         L += ["Correctness: " + "; ".join(ch["checks"]) + ".", ""]
     a5 = res.get("alg5")
     if a5:
-        L += ["## Algorithm 5 on one shared host" + _when(a5), "",
+        L += ["## Algorithm 5 on one shared host" + _when(a5), ""] + _caveat(a5) + ["",
               f"`{a5['query']}`, 2 workers. `host`: each worker reports the host's CPU (psutil; the "
               "dissertation's reading, `[cluster] load_reading = \"host\"`); `process`: each worker reports "
               "the CPU of its own processes (Python server + Spark JVM) in % of its Spark cores "
@@ -320,7 +399,7 @@ def write_report(res: dict, out: Path) -> None:
         L += ["", "Correctness: " + "; ".join(a5["checks"]) + ".", ""]
     cw = res.get("cw")
     if cw:
-        L += ["## Chinese Wall experiments 1-6 (§9.5)" + _when(cw), "",
+        L += ["## Chinese Wall experiments 1-6 (§9.5)" + _when(cw), ""] + _caveat(cw) + ["",
               "One worker per level group; vanilla = one-level lattice, the original label as an ordinary "
               "attribute `lbl` that experiments 3-4 filter on (as the dissertation's vanilla queries do).", "",
               "| exp | level | input tuples | tuples/instant | CW input tuples/s | vanilla input tuples/s | overhead | dissertation | notes |",
@@ -342,7 +421,7 @@ def write_report(res: dict, out: Path) -> None:
     if pe:
         s_rows = pe.get("strata_rows100", {}).get("throughput")
         s_rng = pe.get("strata_range", {}).get("throughput")
-        L += ["## Peers on the same machine and data" + _when(pe), "",
+        L += ["## Peers on the same machine and data" + _when(pe), ""] + _caveat(pe) + ["",
               f"{pe['tuples']:,} Vitals tuples, {pe['per_instant']:,} per instant, 2 Strata workers.", "",
               "| system | query | tuples/s | Strata / peer |", "|---|---|---:|---:|"]
         rows = [("Strata (cluster)", "AVG(bp) [ROWS 100]", s_rows, None),

@@ -17,6 +17,16 @@ Bookkeeping is per query and FROM item: each item keeps
 Since ``ts`` never decreases within a stream, both are sorted by ``ts`` and all
 selections are ``searchsorted`` slices (plus a pandas groupby-tail for
 PARTITION BY windows).
+
+Adaptive chunking (issue 13): chunks are still *cut* every ``K`` instants as
+instants close (``K`` is the latency target for paced input, and a restarted
+master replaying its log cuts exactly the same chunks), but when several
+consecutive cut chunks wait for a worker the master sends them as one
+(:func:`merge_chunks`: one Spark job), and splits the reply back per cut chunk
+(:func:`split_result`) before merging results in chunk order.  A merged chunk
+is the first chunk's legacy, ``prev_instant`` and state followed by every
+chunk's new tuples: a superset of each later chunk's legacy, so the answer
+does not change (SEMANTICS §6).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from strata.lattice import LevelError
 
 from .model import Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
 
-__all__ = ["Chunker", "ChunkingError", "stream_schema"]
+__all__ = ["Chunker", "ChunkingError", "stream_schema", "merge_chunks", "split_result"]
 
 #: combine the Arrow chunks of a retained table once it is this fragmented
 _MAX_FRAGMENTS = 16
@@ -596,3 +606,112 @@ class Chunker:
             "queries": len(self._queries),
         }
 
+
+
+# ---------------------------------------------------------------------------
+# adaptive chunking: several consecutive cut chunks as one dispatch unit
+
+
+def _new_rows(t: pa.Table, first_instant: int) -> pa.Table:
+    """The rows of a query chunk's item that are new in it (``ts >= instants[0]``; the legacy is before)."""
+    ts = _ts(t)
+    k = int(np.searchsorted(ts, first_instant, side="left"))
+    return t if k == 0 else t.slice(k)
+
+
+def merge_chunks(chunks: list[Chunk]) -> Chunk:
+    """One chunk that evaluates every instant of ``chunks``: consecutive chunks in cut order
+    (no chunk was cut between two of them), each possibly without its stopped queries.
+
+    Per query the merged chunk carries the legacy, ``prev_instant`` and state of the first
+    of them that carries the query, then the new tuples of each in order.  Every later
+    chunk's legacy is inside that (the windows at later instants need only tuples of the
+    first chunk's legacy or newer), so a worker computes exactly the same rows at every
+    instant; :func:`split_result` turns its reply back into one result per chunk.  The
+    merged chunk has the first chunk's id and spans ``chunks[0].first_ts .. chunks[-1].last_ts``.
+    """
+    if not chunks:
+        raise ValueError("nothing to merge")
+    if len(chunks) == 1:
+        return chunks[0]
+    cid = chunks[0].chunk_id
+    parts: dict[str, list[QueryChunk]] = {}
+    for c in chunks:
+        for qc in c.queries:
+            parts.setdefault(qc.query_id, []).append(qc)
+    out = []
+    for qid, qcs in parts.items():
+        head = qcs[0]
+        if len(qcs) == 1:
+            out.append(head if head.chunk_id == cid else QueryChunk(qid, cid, head.items, head.instants,
+                                                                     head.prev_instant, head.state, head.state_upto))
+            continue
+        items = []
+        for i, t in enumerate(head.items):
+            tables = [t] + [_new_rows(q.items[i], q.instants[0]) for q in qcs[1:] if q.instants]
+            tables = [x for x in tables if x.num_rows] or [t]
+            items.append(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
+        instants = [x for q in qcs for x in q.instants]
+        out.append(QueryChunk(qid, cid, items, instants, head.prev_instant, head.state, head.state_upto))
+    return Chunk(chunk_id=cid, first_ts=chunks[0].first_ts, last_ts=chunks[-1].last_ts, queries=out)
+
+
+def _split_rows(rows: pa.Table, bounds: list[tuple[int, int]]) -> list[pa.Table]:
+    """``rows`` by the instant range of each part (arrival order kept inside a part); rows outside
+    every range are dropped."""
+    if rows is None or rows.num_rows == 0 or "ts" not in rows.column_names:
+        empty = rows if rows is not None else pa.table({})
+        return [empty.slice(0, 0) if empty.num_columns else empty for _ in bounds]
+    ts = rows.column("ts").to_numpy()
+    out = []
+    for lo, hi in bounds:
+        mask = (ts >= lo) & (ts <= hi)
+        if mask.all():
+            out.append(rows)
+        elif not mask.any():
+            out.append(rows.slice(0, 0))
+        else:
+            idx = np.flatnonzero(mask)
+            if idx[-1] - idx[0] + 1 == len(idx):  # contiguous (the usual case: rows in instant order)
+                out.append(rows.slice(int(idx[0]), len(idx)))
+            else:
+                out.append(rows.take(pa.array(idx)))
+    return out
+
+
+def split_result(result: ChunkResult, parts: list[Chunk]) -> dict[int, ChunkResult]:
+    """A worker's result for a merged chunk, as the results of its cut chunks.
+
+    ``parts``: the cut chunks the merged chunk was made of, in order, except those already
+    released (a prefix).  Only parts that carry the query get a result.  Rows go to the part
+    whose instants hold them (rows of released parts are dropped); a failure goes to the
+    part holding ``error_ts`` (parts after it get nothing: the query stops there; a failure
+    in a released part is already known); a state goes to the last part that carries the
+    query, with ``state_upto`` at most that part's last instant (the query has no visible
+    tuple after it in the merged chunk, so the state is the same)."""
+    qid = result.query_id
+    carriers = [c for c in parts if any(qc.query_id == qid for qc in c.queries)]
+    if not carriers:
+        return {}
+    if result.error is not None:
+        if result.error_ts is None:
+            carriers = carriers[:1]
+        else:
+            ets = int(result.error_ts)
+            upto = [c for c in carriers if c.first_ts <= ets]
+            if not upto:
+                return {}  # it failed in a part released before
+            carriers = upto
+    rows = _split_rows(result.rows, [(c.first_ts, c.last_ts) for c in carriers])
+    out = {}
+    for i, (c, r) in enumerate(zip(carriers, rows)):
+        last = i == len(carriers) - 1
+        stats = result.stats if i == 0 else {}
+        if last and result.error is not None:
+            out[c.chunk_id] = ChunkResult(qid, c.chunk_id, r, None, None, stats, result.error, result.error_ts)
+        elif last and result.state is not None and result.state_upto is not None:
+            upto = min(int(result.state_upto), c.last_ts)
+            out[c.chunk_id] = ChunkResult(qid, c.chunk_id, r, result.state, upto, stats)
+        else:
+            out[c.chunk_id] = ChunkResult(qid, c.chunk_id, r, stats=stats)
+    return out

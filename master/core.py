@@ -8,14 +8,26 @@ translate messages and move bytes; every decision is made here:
 * input goes through the stream name check and the shepherd *outside* the lock
   (:meth:`QueryPipeline.screen`), then, on kept rows only, through the limits and
   the chunker (:class:`QueryPipeline`);
-* :meth:`assignments` hands ready chunks to non-busy workers (Algorithm 5),
-  :meth:`on_result` merges results in instant order, :meth:`on_failure` and
-  :meth:`expire` put chunks of failed or vanished workers back in the queue; a
-  chunk that fails ``chunk_retries`` times (error replies, deadline overruns; not
-  the loss of a worker) is given up: its queries stop with an error and later
-  chunks flow;
+* :meth:`assignments` hands ready chunks to workers with a free evaluation slot
+  whose external load is below Algorithm 5's threshold (:mod:`.dispatch`), several
+  consecutive ready chunks merged into one when a backlog builds (adaptive
+  chunking, below), :meth:`on_result` splits a reply per chunk and merges results
+  in instant order, :meth:`on_failure` and :meth:`expire` put chunks of failed or
+  vanished workers back in the queue; a chunk that fails ``chunk_retries`` times
+  (error replies, deadline overruns; not the loss of a worker) is given up: its
+  queries stop with an error and later chunks flow;
 * released results are kept per query so a subscriber can resume after the
   last instant it acknowledged.
+
+Adaptive chunking: instants are cut into chunks of ``chunk_instants`` as they
+close (the latency target: with paced input each chunk goes out alone as soon as
+it is cut), and the chunks form the unit of ordering, retries and restarts.
+When chunks wait for a worker, the next dispatch takes the oldest
+``ceil(ready / slots)`` consecutive ones (``slots``: the evaluation slots of the
+workers that take chunks; at most ``max_unit_rows`` tuples, and never a chunk
+that already failed) as one merged chunk: one Spark job per share of the
+backlog, so that every worker stays busy and none is left with all of it.  The answer does not
+depend on these decisions (tests/test_adaptive.py).
 
 Metadata is data: nothing this object reports (status, counters, error texts)
 depends on a row above the master's level.  Rows the shepherd drops are counted
@@ -25,6 +37,7 @@ only in the reply to the producer whose batch it was.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -34,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.arrowio import from_ipc, to_ipc
-from strata.chunking.chunker import ChunkingError
+from strata.chunking.chunker import ChunkingError, merge_chunks, split_result
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
 
@@ -50,6 +63,8 @@ MAX_INGEST_ROWS = 1_000_000  # per batch, counted on the rows the shepherd kept
 MAX_INGEST_BYTES = 64 * 1024 * 1024  # per batch (kept rows); the transport allows twice that
 DEFAULT_MAX_TS = 2**53 - 1
 DEFAULT_ADVANCE_HORIZON = 3600
+#: at most this many tuples (before pruning) in a merged dispatch unit; a single chunk may be larger
+MAX_UNIT_ROWS = 1_000_000
 #: a query's state as its owner sees it
 STATES = ("running", "ended", "cancelled", "failed", "revoked")
 
@@ -86,6 +101,21 @@ class QueryInfo:
         return "ended" if self.state == "running" and self.ended else self.state
 
 
+def _fits(chunk: Chunk, results: list[ChunkResult]) -> bool:
+    """Whether ``results`` can be ``chunk``'s alone: no row or state beyond its instants."""
+    for r in results:
+        if r.state_upto is not None and int(r.state_upto) > chunk.last_ts:
+            return False
+        if r.error_ts is not None and int(r.error_ts) > chunk.last_ts:
+            return False
+        rows = r.rows
+        if rows is not None and rows.num_rows and "ts" in rows.column_names:
+            top = pc.max(rows.column("ts")).as_py()
+            if top is not None and top > chunk.last_ts:
+                return False
+    return True
+
+
 def _limits(config) -> tuple[int, int]:
     lim = getattr(config, "limits", None)
     return (int(getattr(lim, "max_ts", DEFAULT_MAX_TS)),
@@ -95,26 +125,44 @@ def _limits(config) -> tuple[int, int]:
 class MasterCore:
     def __init__(self, config: Config, level: str, chunk_instants: int = 1, cpu_threshold: float = 90.0,
                  max_in_flight: int = 2, worker_timeout: float = 3.0, chunk_deadline: float = 60.0,
-                 clock=time.monotonic, store=None, chunk_retries: int = 3):
+                 clock=time.monotonic, store=None, chunk_retries: int = 3, adaptive: bool = True,
+                 max_unit_rows: int = MAX_UNIT_ROWS, linger: bool = False):
         """``store``: a :class:`~strata.master.store.MasterStore`; every registration,
         accepted batch, advance and stopped query is logged there before it is
         acknowledged, and :meth:`restore` replays a previous run's log.
         ``chunk_retries``: failed attempts (error replies, deadline overruns) after which a
-        chunk is given up and its queries stop with an error."""
+        chunk is given up and its queries stop with an error.
+        ``max_in_flight``: the evaluation slots of a worker whose heartbeat does not report them.
+        ``adaptive``: merge consecutive ready chunks under a backlog (off: one chunk per call).
+        ``linger``: while input arrives faster than a job takes, gather ready chunks for up to one
+        job's time (at most one chunk period) before sending them (:meth:`_holding`)."""
         self.config = config
         self.store = store
         self._qids = itertools.count(1)
         self.pipeline = QueryPipeline(config, level, chunk_instants)
         self.level = self.pipeline.level
-        self.dispatcher = Dispatcher(cpu_threshold, max_in_flight, worker_timeout)
+        hb = float(((getattr(config, "sections", None) or {}).get("cluster") or {}).get("heartbeat_seconds", 0.5))
+        self.dispatcher = Dispatcher(cpu_threshold, max_in_flight, worker_timeout, own_window=2 * hb + 0.1)
         self.chunk_deadline = chunk_deadline
         self.chunk_retries = max(1, int(chunk_retries))
+        self.adaptive = adaptive
+        self.max_unit_rows = int(max_unit_rows)
+        self.linger = linger
+        self.chunk_period = float(chunk_instants) * float(getattr(config, "instant_seconds", 1.0) or 1.0)
+        self._advanced: deque[float] = deque(maxlen=2)  # when the last two advances cut chunks
+        self._cut_at: dict[int, float] = {}  # chunk id -> when it was cut (ready)
+        self.job_seconds: float | None = None  # moving average of a unit's round trip
         self.max_ts, self.advance_horizon = _limits(config)
         self.starvation_seconds = 1.0
         self._blocked_since: float | None = None
         self.queries: dict[str, QueryInfo] = {}
-        self._ready: deque[int] = deque()  # chunk ids waiting for a worker
-        self._sent_at: dict[int, float] = {}
+        self._ready: deque[int] = deque()  # chunk ids waiting for a worker, ascending
+        #: dispatch units in flight: unit id (its first chunk's id) -> the chunk ids it covers
+        self._units: dict[int, tuple[int, ...]] = {}
+        self._spans: dict[int, tuple[int, int]] = {}  # unit id -> (first_ts, last_ts) as sent
+        self._cap: dict[int, int] = {}  # chunk id -> at most this many chunks per unit (after a timeout)
+        self._share = 0  # the share of the current backlog a freed slot takes (0: no backlog)
+        self._sent_at: dict[int, float] = {}  # unit id -> when it was sent
         self._attempts: dict[int, int] = {}  # chunk id → failed attempts so far
         self._last_failure: dict[int, tuple[str, str]] = {}  # chunk id → (kind, detail) of its last failure
         self.timings = ChunkTimings()  # where chunks' time goes (strata status)
@@ -343,8 +391,13 @@ class MasterCore:
             self.store.append("advance", {"upto": upto_ts, "finish": finish})
         if finish:
             self._finished = True
-        self._ready.extend(c.chunk_id for c in chunks)
+        for c in chunks:
+            self._ready_add(c.chunk_id)
         now = self._clock()
+        if chunks:
+            self._advanced.append(now)
+            for c in chunks:
+                self._cut_at[c.chunk_id] = now
         for c in chunks:
             self.timings.ready(c.chunk_id, now)
         self._refresh_ended()
@@ -352,44 +405,93 @@ class MasterCore:
         return len(chunks)
 
     # -- group table (fed by multicast heartbeats) ----------------------------------------------
-    def heartbeat(self, sid: str, cpu: float, state: str = "ready", pid: int = 0) -> None:
+    def heartbeat(self, sid: str, cpu: float, state: str = "ready", pid: int = 0, slots: int | None = None,
+                  seq=None) -> None:
+        """A worker's heartbeat: its CPU reading, state, pid, evaluation ``slots`` (None: the
+        default) and, if known, the heartbeat's sequence number (tells a new reading from the
+        same heartbeat seen again)."""
         with self.cond:
-            self.dispatcher.heartbeat(sid, cpu, self._clock(), state, pid)
+            self.dispatcher.heartbeat(sid, cpu, self._clock(), state, pid, slots=slots, seq=seq)
             self.cond.notify_all()
 
     def expire(self) -> list[int]:
-        """Drop silent workers and chunks past their deadline; requeue their chunks.
+        """Drop silent workers and units past their deadline; requeue their chunks.
 
-        A deadline overrun counts as a failed attempt of its chunk; a lost worker does not."""
+        A deadline overrun counts as a failed attempt of its chunks; a lost worker does not.
+        Returns the ids of the units taken back."""
         now = self._clock()
         with self.cond:
             lost = self.dispatcher.expire(now)
-            late = [cid for cid, t in self._sent_at.items() if now - t > self.chunk_deadline and cid not in lost]
+            late = [u for u, t in self._sent_at.items() if now - t > self.deadline(u) and u not in lost]
             self._requeue(lost)
-            for cid in late:
-                self.dispatcher.unassign(cid)
-                self._failed_attempt(cid, "DEADLINE", f"no result within {self.chunk_deadline:g} s")
+            for u in late:
+                self.dispatcher.unassign(u, now)
+                self._failed_attempt(u, "DEADLINE", f"no result within {self.chunk_deadline:g} s")
             return lost + late
 
-    def _requeue(self, chunk_ids: list[int]) -> None:
-        for cid in sorted(chunk_ids, reverse=True):
-            if cid in self.pipeline.chunks and cid not in self._ready:
-                self._sent_at.pop(cid, None)
-                self._ready.appendleft(cid)
-                self.redispatched += 1
-        if chunk_ids:
+    def deadline_factor(self, unit: int) -> float:
+        """How much longer than one chunk unit ``unit`` may take: 1 + 1/4 per extra chunk (at most 10)."""
+        return min(10.0, 1.0 + 0.25 * (len(self._units.get(unit, (unit,))) - 1))
+
+    def deadline(self, unit: int) -> float:
+        """Seconds after which unit ``unit`` counts as overdue (``chunk_deadline`` for one chunk)."""
+        return self.chunk_deadline * self.deadline_factor(unit)
+
+    def _unit(self, unit: int) -> tuple[int, ...]:
+        """The chunks of a dispatch unit (a unit not in flight: the chunk of that id)."""
+        return self._units.get(unit, (unit,))
+
+    def _ready_add(self, cid: int) -> bool:
+        """Put ``cid`` in the ready queue in id order (new chunks go last); False if it is there."""
+        q = self._ready
+        if not q or cid > q[-1]:
+            q.append(cid)
+            return True
+        for i, x in enumerate(q):
+            if x == cid:
+                return False
+            if x > cid:
+                q.insert(i, cid)
+                return True
+        return False  # not reached
+
+    def _requeue(self, units: list[int]) -> None:
+        """Put the chunks of ``units`` whose results are not in back in the ready queue (not counted
+        as failures)."""
+        for u in units:
+            self._sent_at.pop(u, None)
+            self.timings.unsent(u)
+            self._spans.pop(u, None)
+            for cid in self._units.pop(u, (u,)):
+                if cid in self.pipeline.chunks and not self.pipeline.recorded(cid) and self._ready_add(cid):
+                    self.redispatched += 1
+        if units:
             self.cond.notify_all()
 
-    def _failed_attempt(self, cid: int, kind: str, detail: str) -> None:
-        """One more failed attempt of chunk ``cid``: requeue it, or give it up after the cap."""
-        if cid not in self.pipeline.chunks:
+    def _failed_attempt(self, unit: int, kind: str, detail: str) -> None:
+        """One more failed attempt of every chunk of ``unit`` still unanswered: requeue them, or give
+        up those that reached the cap.  A chunk that failed once travels alone from then on, so
+        the failures of a bad chunk are its own.  A merged unit that only ran out of time says
+        nothing against any of its chunks: they go back uncounted, in units half as large."""
+        self._spans.pop(unit, None)
+        chunks = [c for c in self._units.pop(unit, (unit,))
+                  if c in self.pipeline.chunks and not self.pipeline.recorded(c)]
+        self._sent_at.pop(unit, None)
+        self.timings.unsent(unit)
+        if len(chunks) > 1 and kind in ("DEADLINE", "DEADLINE_EXCEEDED"):
+            for cid in chunks:
+                self._cap[cid] = max(1, min(self._cap.get(cid, len(chunks)), len(chunks) // 2))
+            self._requeue(chunks)
             return
-        self._attempts[cid] = self._attempts.get(cid, 0) + 1
-        self._last_failure[cid] = (kind, one_line(detail))
-        if self._attempts[cid] >= self.chunk_retries:
-            self._give_up(cid)
-        else:
-            self._requeue([cid])
+        again = []
+        for cid in chunks:
+            self._attempts[cid] = self._attempts.get(cid, 0) + 1
+            self._last_failure[cid] = (kind, one_line(detail))
+            if self._attempts[cid] >= self.chunk_retries:
+                self._give_up(cid)
+            else:
+                again.append(cid)
+        self._requeue(again)
 
     def _give_up(self, cid: int) -> None:
         """Stop every live query of chunk ``cid`` with an error naming its instants and the last
@@ -403,12 +505,10 @@ class MasterCore:
         self.failed_chunks += 1
         self.last_chunk_error = f"chunk {cid} (instants {span}) given up after {n} failed attempts; last: " \
                                 f"{kind}: {detail}".rstrip(": ")
-        self.dispatcher.unassign(cid)
         try:
             self._ready.remove(cid)
         except ValueError:
             pass
-        self._sent_at.pop(cid, None)
         self.timings.forget(cid)
         results = [ChunkResult(qc.query_id, cid, pa.table({}), error=msg,
                                error_ts=qc.instants[0] if qc.instants else chunk.first_ts)
@@ -426,15 +526,21 @@ class MasterCore:
         return chunk if len(live) == len(chunk.queries) else replace(chunk, queries=live)
 
     def assignments(self) -> list[tuple[Chunk, str]]:
-        """Chunks to send now (without stopped queries), each with the worker chosen for it.
+        """Units to send now (without stopped queries), each with the worker chosen for it.
 
-        A chunk left with no live query is released here without a worker."""
+        A unit is one ready chunk or, when several wait, the oldest ``ceil(ready / slots)``
+        consecutive ones merged (:func:`~strata.chunking.chunker.merge_chunks`; its id is its first
+        chunk's).  A chunk left with no live query is released here without a worker."""
         out = []
         with self.cond:
             now = self._clock()
+            if self._holding(now):
+                return out
+            floor = self._share if self._ready else 0
+            issued = 0
             while self._ready:
                 cid = self._ready[0]
-                if cid not in self.pipeline.chunks:
+                if cid not in self.pipeline.chunks or self.pipeline.recorded(cid):
                     self._ready.popleft()
                     continue
                 view = self._live_view(self.pipeline.chunks[cid])
@@ -450,38 +556,160 @@ class MasterCore:
                         self._blocked_since = now
                     break
                 self._blocked_since = None
-                self._ready.popleft()
-                self.dispatcher.assign(cid, sid)
-                self._sent_at[cid] = self._clock()
-                self.timings.sent(cid, self._sent_at[cid])
-                out.append((view, sid))
+                # the slots busy before this call and those still free share what is ready; a slot
+                # that frees later takes no smaller a share of the same backlog (else the shares
+                # would shrink geometrically: many small jobs)
+                want = max(floor, self._unit_size(len(self._ready), self.dispatcher.total_slots() - len(out)))
+                issued = max(issued, want)
+                views = self._take(view, want)
+                unit = views[0].chunk_id
+                ids = tuple(v.chunk_id for v in views)
+                self._units[unit] = ids
+                self._spans[unit] = (views[0].first_ts, views[-1].last_ts)
+                self.dispatcher.assign(unit, sid, now)
+                self._sent_at[unit] = now
+                self.timings.sent(unit, ids, now)
+                out.append((merge_chunks(views), sid))
+            self._share = max(floor, issued) if self._ready and self.adaptive else 0
         return out
 
-    def on_result(self, chunk_id: int, sid: str, results: list[ChunkResult]) -> list[Released]:
+    def linger_seconds(self) -> float:
+        """How long ready chunks may gather: one job's round trip as measured (none yet: a chunk
+        period, the first jobs being the slow ones), between 50 ms and one chunk period."""
+        est = self.job_seconds if self.job_seconds is not None else self.chunk_period
+        return min(self.chunk_period, max(0.05, est))
+
+    def _holding(self, now: float) -> bool:
+        """Whether to keep ready chunks back a little: input is arriving faster than a job takes
+        (the last two advances, and the last one, within :meth:`linger_seconds`), the input is not
+        finished, and the oldest ready chunk has waited less than that.  Then sending what is
+        ready now would start jobs of a few instants each while many more instants arrive within
+        one job's time; waiting that long makes fewer, larger jobs.  Paced input (an advance per
+        chunk period) and a finished input are never held."""
+        if not self.linger or self._finished or not self._ready or len(self._advanced) < 2:
+            return False
+        wait = self.linger_seconds()
+        first, last = self._advanced
+        if last - first >= wait or now - last >= wait:
+            return False
+        oldest = self._cut_at.get(self._ready[0])
+        return oldest is not None and now - oldest < wait
+
+    def _unit_size(self, ready: int, slots: int) -> int:
+        """How many ready chunks the next unit takes: an equal share of the backlog per evaluation
+        slot of the group, busy slots included.  A slot that frees while others are still busy
+        takes its share, not the whole backlog (which would leave one worker with all of it
+        while the others finish their small units and idle)."""
+        if not self.adaptive:
+            return 1
+        return max(1, math.ceil(ready / max(1, slots)))
+
+    def _take(self, head: Chunk, want: int) -> list[Chunk]:
+        """Pop the head of the ready queue (``head``: its live view) and up to ``want - 1`` chunks
+        cut right after it, stopping at a chunk that failed before or at the row cap."""
+        self._ready.popleft()
+        views = [head]
+        want = min(want, self._cap.get(head.chunk_id, want))
+        if want <= 1 or self._attempts.get(head.chunk_id):
+            return views
+        rows = head.num_rows
+        last = head.chunk_id
+        while len(views) < want and self._ready:
+            nxt = self.pipeline.after.get(last)
+            if nxt is None or self._ready[0] != nxt or self._attempts.get(nxt):
+                break
+            want = min(want, self._cap.get(nxt, want))
+            if len(views) >= want:
+                break
+            view = self._live_view(self.pipeline.chunks[nxt])
+            if not view.queries:  # nothing to compute: release it here and look past it
+                self._ready.popleft()
+                self.timings.forget(nxt)
+                self._release(nxt, [])
+                last = nxt
+                continue
+            if rows + view.num_rows > self.max_unit_rows:
+                break
+            self._ready.popleft()
+            views.append(view)
+            rows += view.num_rows
+            last = nxt
+        return views
+
+    def _parts(self, lo: int, hi: int, first: int) -> list[Chunk]:
+        """The unreleased cut chunks inside instants ``lo..hi`` (a unit's chunks), in order."""
+        chunks = self.pipeline.chunks
+        if first in chunks:  # the usual case: follow the cut order from the unit's first chunk
+            out, cid = [], first
+            while cid is not None and cid in chunks and chunks[cid].last_ts <= hi:
+                out.append(chunks[cid])
+                cid = self.pipeline.after.get(cid)
+            return out
+        return [c for c in chunks.values() if lo <= c.first_ts and c.last_ts <= hi]
+
+    def on_result(self, chunk_id: int, sid: str, results: list[ChunkResult],
+                  span: tuple[int, int] | None = None) -> list[Released]:
+        """A worker's results for unit ``chunk_id``, split per cut chunk and merged in order.
+
+        ``span``: the instants (first_ts, last_ts) the unit covered when it was sent; it names
+        the unit's chunks also when the reply comes late and they travel in other units now.
+        Without it (callers that send single chunks) a reply that is not for the unit in
+        flight must fit the one chunk ``chunk_id`` or it is ignored."""
         with self.cond:
-            mine = self.dispatcher.owner(chunk_id) == sid
+            now = self._clock()
+            unit = self._units.get(chunk_id)
+            # the same id may have been re-sent with other chunks: the span tells the calls apart
+            mine = self.dispatcher.owner(chunk_id) == sid and unit is not None and \
+                (span is None or self._spans.get(chunk_id) == (int(span[0]), int(span[1])))
+            if span is not None:
+                parts = self._parts(int(span[0]), int(span[1]), chunk_id)
+            elif mine:
+                parts = [self.pipeline.chunks[c] for c in unit if c in self.pipeline.chunks]
+            else:
+                parts = [self.pipeline.chunks[chunk_id]] if chunk_id in self.pipeline.chunks else []
+                if parts and not _fits(parts[0], results):
+                    self.pipeline.merger.duplicates += 1  # a late reply of a unit no longer known
+                    return []
+            released: list[Released] = []
             try:
-                released = self._release(chunk_id, results)
+                if not parts or len(parts) == 1 and parts[0].chunk_id == chunk_id:
+                    released += self._release(chunk_id, results)
+                else:
+                    per: dict[int, list[ChunkResult]] = {c.chunk_id: [] for c in parts}
+                    for r in results:
+                        for cid, part in split_result(r, parts).items():
+                            per[cid].append(part)
+                    for c in parts:
+                        if not self.pipeline.recorded(c.chunk_id):
+                            released += self._release(c.chunk_id, per[c.chunk_id])
             except ChunkingError as e:  # an inconsistent reply (e.g. a state snapshot beyond its chunk)
                 if mine:
-                    self.dispatcher.unassign(chunk_id)
-                    self._sent_at.pop(chunk_id, None)
+                    self.dispatcher.unassign(chunk_id, now)
                     self._failed_attempt(chunk_id, "BAD_REPLY", str(e))
-                return []
+                return released
             if mine:
-                self.dispatcher.complete(chunk_id)
+                sent = self._sent_at.get(chunk_id)
+                if sent is not None:
+                    rtt = max(0.0, now - sent)
+                    self.job_seconds = rtt if self.job_seconds is None else 0.7 * self.job_seconds + 0.3 * rtt
+                self.dispatcher.complete(chunk_id, now, chunks=len(unit))
+                self._units.pop(chunk_id, None)
+                self._spans.pop(chunk_id, None)
+                self._sent_at.pop(chunk_id, None)
             elif sid in self.dispatcher.table:
-                self.dispatcher.table[sid].done += 1
-            self._sent_at.pop(chunk_id, None)
-            self.timings.done(chunk_id, self._clock(), sum(float((r.stats or {}).get("seconds", 0.0)) for r in results))
+                self.dispatcher.table[sid].done += max(1, len(parts))
+            self.timings.done(chunk_id, now, sum(float((r.stats or {}).get("seconds", 0.0)) for r in results))
             return released
 
     def _release(self, chunk_id: int, results: list[ChunkResult]) -> list[Released]:
         """Merge a chunk's results (any order); handle what is now released in chunk order."""
         released = self.pipeline.complete(chunk_id, results)
-        if chunk_id not in self.pipeline.chunks:
-            self._attempts.pop(chunk_id, None)
-            self._last_failure.pop(chunk_id, None)
+        for cid in {r.chunk_id for r in released} | {chunk_id}:
+            if cid not in self.pipeline.chunks:
+                self._cut_at.pop(cid, None)
+                self._attempts.pop(cid, None)
+                self._last_failure.pop(cid, None)
+                self._cap.pop(cid, None)
         for r in released:
             info = self.queries.get(r.query_id)
             if info is None:
@@ -510,14 +738,15 @@ class MasterCore:
             if drop_worker:
                 self._requeue(self.dispatcher.remove(sid))
             elif self.dispatcher.owner(chunk_id) == sid:
-                self.dispatcher.unassign(chunk_id)
-                self._sent_at.pop(chunk_id, None)
+                self.dispatcher.unassign(chunk_id, self._clock())
                 self._failed_attempt(chunk_id, kind, reason)
 
     def _refresh_ended(self) -> None:
         """Mark queries that will never get another result: stopped ones once every chunk up to
         their last instant is released; all of them once the input is finished and drained."""
-        drained = self._finished and not self.pipeline.chunks and not self._ready
+        if not self.pipeline.chunks:  # ids still queued belong to chunks released meanwhile (a late reply)
+            self._ready.clear()
+        drained = self._finished and not self.pipeline.chunks
         for q, info in self.queries.items():
             if info.ended:
                 continue

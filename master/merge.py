@@ -45,6 +45,11 @@ class OrderedMerger(Generic[T]):
             out.append((cid, res))
         return out
 
+    def has_result(self, chunk_id: int) -> bool:
+        """A result for ``chunk_id`` is recorded (released or waiting for an earlier chunk)."""
+        return chunk_id <= self._released_upto and chunk_id not in self._pending or \
+            self._pending.get(chunk_id) is not None
+
     @property
     def waiting(self) -> int:
         return len(self._pending)

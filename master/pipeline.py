@@ -83,6 +83,10 @@ class QueryPipeline:
         self.stopped: dict[str, int] = {}
         #: per query, the unreleased chunks that carry it
         self.carrying: dict[str, set[int]] = {}
+        #: cut order: chunk id -> the id of the chunk cut right after it (unreleased chunks only);
+        #: only chunks adjacent in this order may travel merged (chunking.chunker.merge_chunks)
+        self.after: dict[int, int] = {}
+        self._last_cut: int | None = None
         self._ids = itertools.count(1)
         #: the merged operator DAG of this level's queries (replicated mode: one level per master);
         #: workers evaluate each shared plan once per chunk when ``[sharing] enabled`` (default)
@@ -181,6 +185,9 @@ class QueryPipeline:
         for c in chunks:
             self.merger.expect(c.chunk_id)
             self.chunks[c.chunk_id] = c
+            if self._last_cut is not None and self._last_cut in self.chunks:
+                self.after[self._last_cut] = c.chunk_id
+            self._last_cut = c.chunk_id
             for qc in c.queries:
                 self.carrying.setdefault(qc.query_id, set()).add(c.chunk_id)
         self.counters["chunks"] += len(chunks)
@@ -202,6 +209,7 @@ class QueryPipeline:
         out = []
         for cid, res in self.merger.add(chunk_id, results):
             chunk = self.chunks.pop(cid)
+            self.after.pop(cid, None)
             firsts = {qc.query_id: (qc.instants[0] if qc.instants else chunk.first_ts) for qc in chunk.queries}
             for q in firsts:
                 self.carrying.get(q, set()).discard(cid)
@@ -219,6 +227,10 @@ class QueryPipeline:
                 elif q in self.stopped and chunk.first_ts <= self.stopped[q]:
                     out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, _ts_at_most(r.rows, self.stopped[q])))
         return out
+
+    def recorded(self, chunk_id: int) -> bool:
+        """Whether ``chunk_id``'s results are in (released, or waiting for an earlier chunk)."""
+        return chunk_id not in self.chunks or self.merger.has_result(chunk_id)
 
     @property
     def backlog(self) -> int:

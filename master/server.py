@@ -123,26 +123,32 @@ class MasterServicer(rpc.MasterServicer):
     def Ingest(self, request_iterator, context):
         token = self._token(context)
         s = self._require(context, ("producer",), "Ingest", token)
-        accepted = dropped = rejected = 0
+        accepted = dropped = rejected = chunks = 0
         for batch in request_iterator:
             # every batch: a revoked, logged-out or downgraded producer's open stream is cut here,
             # before anything of this batch is applied
             s = self._require(context, ("producer",), "Ingest", token, ended=True)
             try:
-                try:
-                    table = from_ipc(batch.arrow)
-                except (ValueError, pa.ArrowInvalid) as e:
-                    self.core.count_rejected("bad_batch")
-                    raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None
-                source = None if batch.labelled else s.principal.level
-                a, d = self.core.ingest(batch.stream, table, source)
-                accepted += a
-                dropped += d  # rows of this producer's own batches: told to it, nobody else
+                if batch.arrow or not batch.HasField("advance_upto"):
+                    try:
+                        table = from_ipc(batch.arrow)
+                    except (ValueError, pa.ArrowInvalid) as e:
+                        self.core.count_rejected("bad_batch")
+                        raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None
+                    source = None if batch.labelled else s.principal.level
+                    a, d = self.core.ingest(batch.stream, table, source)
+                    accepted += a
+                    dropped += d  # rows of this producer's own batches: told to it, nobody else
+                if batch.HasField("advance_upto"):  # in order with the batches before it
+                    try:
+                        chunks += self.core.advance(batch.advance_upto)
+                    except Refused as e:
+                        raise ValueError(f"advance refused: {e}") from None
             except (ValueError, pa.ArrowInvalid) as e:
                 rejected += 1
                 return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected,
-                                      error=one_line(e))
-        return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected)
+                                      error=one_line(e), chunks=chunks)
+        return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected, chunks=chunks)
 
     def Advance(self, request, context):
         if request.finish:
@@ -225,8 +231,32 @@ class DispatchLoop:
         return self._stubs[sid]
 
     def _sync_group(self) -> None:
+        """Feed Algorithm 5 the heartbeats of the workers listed by the group member.
+
+        The master's member lists an address only for the identity key that an Info call
+        at that address returned (worker/group.py): the probes run in the background
+        (:class:`~strata.worker.group.AddressProver`), so this never blocks, and a worker
+        gets no chunk before its address is proven.  A heartbeat the dispatcher refuses
+        is skipped; the loop goes on."""
+        prover = self.__dict__.get("_prover")
+        if prover is None and hasattr(self.member, "claimed"):
+            from strata.worker.group import AddressProver, info_probe
+
+            def channel(sid: str):  # one short-lived channel per probe, as this level's master
+                if self.tls_dir is not None:
+                    from strata.tls import secure_channel
+
+                    return secure_channel(sid, self.tls_dir, "master", self.core.level, "worker", [])
+                return grpc.insecure_channel(sid)
+
+            prover = self._prover = AddressProver(self.member, info_probe(channel, self.key, self.core.level))
+        if prover is not None:
+            prover.step()
         for sid, hb in self.member.snapshot().items():
-            self.core.heartbeat(sid, hb.cpu, hb.state, hb.pid)
+            try:
+                self.core.heartbeat(sid, hb.cpu, hb.state, hb.pid, slots=hb.slots, seq=hb.seq)
+            except (TypeError, ValueError) as e:
+                log.warning("heartbeat of %s not used: %s", sid, one_line(e))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -268,8 +298,11 @@ class DispatchLoop:
                  for qc in chunk.queries if qc.query_id in self.core.queries]
         req = pb.ExecuteRequest(level=self.core.level, queries=specs, chunk=encode_chunk(self._wire(chunk)))
         md = ((AUTH_HEADER, sign_request(self.key, self.core.level, execute_digest(req))),)
-        fut = self._stub(sid).Execute.future(req, timeout=self.rpc_deadline, metadata=md)
+        # a merged unit computes several chunks: it gets more time before it counts as failed
+        timeout = self.rpc_deadline * self.core.deadline_factor(chunk.chunk_id)
+        fut = self._stub(sid).Execute.future(req, timeout=timeout, metadata=md)
         cid = chunk.chunk_id
+        span = (chunk.first_ts, chunk.last_ts)  # which cut chunks this unit covers, whatever happens meanwhile
 
         def done(f):
             try:
@@ -285,7 +318,7 @@ class DispatchLoop:
                     return
                 try:
                     results = [decode_result(b) for b in reply.results]
-                    self.core.on_result(cid, sid, results)
+                    self.core.on_result(cid, sid, results, span=span)
                 except Exception as e:  # noqa: BLE001 - an undecodable or inconsistent reply
                     log.warning("chunk %s on %s: bad reply: %s", cid, sid, e)
                     self.core.on_failure(cid, sid, reason=f"bad reply: {e}", kind="BAD_REPLY")
@@ -376,6 +409,32 @@ class UsersWatch:
                 self._stamp = None
 
 
+def warm_up(config, level: str) -> None:
+    """Do once, before the master says it is ready, what the first registration, batch and
+    chunk would otherwise pay for: pyarrow's lazy pandas import, building the MLS-CQL parser,
+    the chunker, merging, pruning and encoding.  Never fatal."""
+    try:
+        import pandas  # noqa: F401 - pyarrow imports it on the first array built from Python objects
+
+        from strata.chunking.chunker import merge_chunks
+        from strata.chunking.codec import encode_chunk
+        from strata.chunking.prune import prune_chunk
+
+        from .pipeline import QueryPipeline
+
+        stream = next(iter(config.streams.values()), None)
+        if stream is None:
+            return
+        p = QueryPipeline(config, level)
+        p.add_query(f"SELECT COUNT(*) FROM {stream.name} [ROWS 1]")
+        row = {"ts": 0, "level": p.level, **{c: None for c, _ in stream.columns}}
+        p.ingest(stream.name, pa.Table.from_pylist([row, {**row, "ts": 1}]))
+        chunks = p.finish()
+        encode_chunk(prune_chunk(merge_chunks(chunks), p.queries))
+    except Exception as e:  # noqa: BLE001 - the first user just pays the cost
+        log.warning("master warm-up failed: %s", e)
+
+
 def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
                  ready=None, stop_event: threading.Event | None = None, tls_dir=None, state_path=None,
                  owner: str | None = None) -> None:
@@ -394,8 +453,12 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     from .store import MasterStore, config_fingerprint
 
     lv = config.lattice.parse(level)
+    warm_up(config, lv)
     store = MasterStore(state_path, lv, config_fingerprint(config)) if state_path else None
-    core = MasterCore(config, level, chunk_instants=chunk_instants, store=store)
+    cluster = (getattr(config, "sections", None) or {}).get("cluster") or {}
+    # [cluster] dispatch_linger = false: send ready chunks at once even while input floods in
+    core = MasterCore(config, level, chunk_instants=chunk_instants, store=store,
+                      linger=bool(cluster.get("dispatch_linger", True)))
     sessions = Sessions(users, core.level, persist=store, owner=owner)
     if store is not None:
         restored = core.restore()

@@ -1,8 +1,9 @@
 """The ``strata`` command line.
 
 Exit codes: 0 success; 1 operational error (bad config, I/O) and a query
-literal beyond a limit (``strata explain``); 2 rejected query or bad usage;
-3 failed login.
+literal beyond a limit (``strata explain``); 2 rejected query, input, advance or
+bad usage; 3 failed login or ended session; 4 a query failed; 5 permission denied
+(a call outside the session's roles).
 """
 
 from __future__ import annotations

@@ -189,10 +189,20 @@ class Client:
                 except grpc.FutureTimeoutError:
                     raise ClientError(f"master did not come back within {reconnect_seconds:.0f} s") from None
 
-    def ingest(self, batches: Iterable[tuple[str, pa.Table]], labelled: bool = False) -> pb.IngestReply:
+    def ingest(self, batches: Iterable[tuple], labelled: bool = False) -> pb.IngestReply:
+        """Send ``(stream, table)`` batches in one call; an item ``(stream, table, upto)`` also closes
+        the instants up to ``upto`` right after its rows (``table`` may then be None), in order with
+        the batches, without waiting for a reply (the producer role, like :meth:`advance`)."""
         def gen():
-            for stream, table in batches:
-                yield pb.IngestBatch(stream=stream, arrow=to_ipc(table), labelled=labelled)
+            for item in batches:
+                stream, table = item[0], item[1]
+                upto = item[2] if len(item) > 2 else None
+                msg = pb.IngestBatch(stream=stream, labelled=labelled)
+                if table is not None:
+                    msg.arrow = to_ipc(table)
+                if upto is not None:
+                    msg.advance_upto = int(upto)
+                yield msg
 
         try:
             return self.stub.Ingest(gen(), metadata=self._md, timeout=max(self.timeout, 600))

@@ -30,6 +30,16 @@ EXIT_FAILED = 4
 EXIT_DENIED = 5
 
 
+def default_workers() -> int:
+    """Workers of an embedded cluster by default: one per core this process may use (each worker
+    is one Spark JVM on one core, ``local[1]``), at most 2 (the documented default)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(2, cores))
+
+
 def _progress(msg: str) -> None:
     print(f"[strata] {msg}", file=sys.stderr, flush=True)
 
@@ -92,6 +102,10 @@ def cmd_worker(args) -> int:
     spec = _spec(args, cfg)
     # Algorithm 5's CPU reading (worker/load.py): the flag, else [cluster] load_reading, else host
     reading = args.load_reading or (cfg.sections.get("cluster") or {}).get("load_reading", "host")
+    if args.start_after:  # a staggered start: let the previous worker's JVM start alone first
+        deadline = time.monotonic() + 120
+        while not Path(args.start_after).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
                  ready=_ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading)
     return EXIT_OK
@@ -164,10 +178,20 @@ def cmd_certs(args) -> int:
 
 
 # ---- embedded cluster ------------------------------------------------------------------
+def embedded_load_reading(cfg) -> str:
+    """Algorithm 5's reading for an embedded cluster (all workers on this host): the
+    configuration's ``[cluster] load_reading`` if it names one, else ``process`` (each worker's
+    own processes; the host reading is the same for all of them and reads >= 90 % whenever the
+    cluster works).  With credits (master/dispatch.py) either reading only keeps chunks away
+    from a worker that is loaded while it has none of this master's chunks."""
+    return ((cfg.sections.get("cluster") or {}).get("load_reading")) or "process"
+
+
 def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
                   multicast_port: int | None = None, spark_master: str = "local[1]", timeout: float = 180.0,
                   worker_env: dict[int, dict] | None = None, tls: bool = True,
-                  load_reading: str | None = "process", owner: str | None = None) -> dict:
+                  load_reading: str | None = None, owner: str | None = None, tls_dir: Path | None = None,
+                  wait: str = "all", stagger: bool = False, persist: bool = True) -> dict:
     """Start one master and ``workers`` workers per level as background processes.
 
     ``owner``: a user who gets every role on these masters (``strata master --owner``): the
@@ -175,17 +199,27 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     demo).  Without it (``strata up``) sessions have the users file's roles.
 
     ``worker_env``: extra environment per worker index (e.g. an injected CPU reading).
-    ``load_reading``: Algorithm 5's CPU reading for the workers (worker/load.py); all of them
-    share this host, so by default each reports its own processes' load (``process``), not
-    the host's, which would read >= 90 % for all of them whenever the cluster works.  ``None``:
-    the configuration's ``[cluster] load_reading``.
-    With ``tls`` (the default) every link is mutual TLS with certificates made
-    in ``state_dir/tls`` (client certificates too: ``client-<level>.pem``).
+    ``load_reading``: Algorithm 5's CPU reading for the workers (worker/load.py); ``None``: the
+    configuration's ``[cluster] load_reading``, else ``process`` (:func:`embedded_load_reading`).
+    With ``tls`` (the default) every link is mutual TLS with certificates from ``tls_dir``
+    (default ``state_dir/tls``; made there if missing, client certificates too:
+    ``client-<level>.pem``).
+    ``persist``: masters keep their queries, sessions and input in ``state_dir`` (a restart resumes);
+    a run that stops its cluster when done (``strata replay``) does without.
+    ``wait``: ``all`` returns when every process is ready; ``first`` when each level's master
+    and one worker are (the others join their group when ready; the master dispatches to
+    whoever is there).  ``stagger``: start a level's next worker only when the previous one is
+    ready (two JVMs starting at once on few cores slow each other down).
+    The returned dict has ``seconds``: {``first``: first worker ready, ``all``: every process
+    ready (or None if not waited for)}.
     """
     from .config import load_config
     from .groups import group_spec, level_slug
 
+    t_start = time.monotonic()
     cfg = load_config(config)
+    if load_reading is None:
+        load_reading = embedded_load_reading(cfg)
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "logs").mkdir(exist_ok=True)
     (state_dir / "run").mkdir(exist_ok=True)
@@ -193,17 +227,19 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     levels = [cfg.lattice.parse(lv) for lv in levels]
     for lv in levels:
         group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
+    tls_path = Path(tls_dir) if tls_dir is not None else state_dir / "tls"
     if tls:
         from .tls import create_deployment, has_material
 
-        missing = [lv for lv in levels if not all(has_material(state_dir / "tls", r, lv) for r in ("master", "worker", "client"))]
+        missing = [lv for lv in levels if not all(has_material(tls_path, r, lv) for r in ("master", "worker", "client"))]
         if missing:
-            create_deployment(state_dir / "tls", missing)
+            create_deployment(tls_path, missing)
     procs = []
     base = [sys.executable, "-m", "strata"]
     for lv in levels:
         slug = level_slug(lv)
         roles = [("master", f"master-{slug}")] + [("worker", f"worker-{slug}-{i}") for i in range(workers)]
+        previous = None  # the level's previous worker's ready file (stagger)
         for role, name in roles:
             ready = state_dir / "run" / f"{name}.json"
             ready.unlink(missing_ok=True)
@@ -212,14 +248,21 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                           "--ready-file", str(ready)]
             if not tls:
                 cmd.append("--insecure")
+            elif tls_dir is not None:
+                cmd += ["--tls-dir", str(tls_path.resolve())]
             if role == "master":
                 cmd += ["--chunk-seconds", str(chunk_seconds)]
+                if not persist:
+                    cmd.append("--no-persist")
                 if owner:
                     cmd += ["--owner", owner]
             else:
                 cmd += ["--spark-master", spark_master]
                 if load_reading:
                     cmd += ["--load-reading", load_reading]
+                if stagger and previous is not None:
+                    cmd += ["--start-after", str(previous)]
+                previous = ready
             log = open(state_dir / "logs" / f"{name}.log", "ab")
             env = None
             if role == "worker" and worker_env and int(name.rsplit("-", 1)[1]) in worker_env:
@@ -229,17 +272,30 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             procs.append({"name": name, "role": role, "level": lv, "pid": p.pid, "ready": str(ready), "cmd": cmd,
                           "env": (env or {}) and {k: v for k, v in env.items() if k.startswith("STRATA_")}})
     record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs,
-              "tls_dir": str((state_dir / "tls").resolve()) if tls else None}
+              "tls_dir": str(tls_path.resolve()) if tls else None}
     (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
     deadline = time.monotonic() + timeout
     pending = {p["name"] for p in procs}
     last = -1
-    while pending and time.monotonic() < deadline:
+    first = None
+
+    def enough() -> bool:
+        if not pending:
+            return True
+        if wait != "first":
+            return False
+        return all(any(p["level"] == lv and p["role"] == "worker" and p["name"] not in pending for p in procs)
+                   and not any(p["level"] == lv and p["role"] == "master" and p["name"] in pending for p in procs)
+                   for lv in levels)
+
+    while not enough() and time.monotonic() < deadline:
         for p in procs:
             if p["name"] in pending and Path(p["ready"]).exists():
                 info = json.loads(Path(p["ready"]).read_text())
                 p["address"] = info["address"]
                 pending.discard(p["name"])
+                if p["role"] == "worker" and first is None:
+                    first = time.monotonic() - t_start
             elif p["name"] in pending and not _alive(p["pid"]):
                 stop_cluster(state_dir)
                 log = (state_dir / "logs" / f"{p['name']}.log").read_text(errors="replace")[-2000:]
@@ -247,13 +303,16 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         if len(pending) != last:
             last = len(pending)
             _progress(f"starting cluster: {len(procs) - len(pending)}/{len(procs)} processes ready")
-        time.sleep(0.2)
-    if pending:
+        if not enough():
+            time.sleep(0.05)
+    if not enough():
         stop_cluster(state_dir)
         raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
     (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
     return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
-            "tls_dir": record["tls_dir"]}
+            "tls_dir": record["tls_dir"],
+            "seconds": {"first": None if first is None else round(first, 2),
+                        "all": None if pending else round(time.monotonic() - t_start, 2)}}
 
 
 def restart_process(state_dir: Path, name: str, timeout: float = 120.0) -> dict:
@@ -271,6 +330,9 @@ def restart_process(state_dir: Path, name: str, timeout: float = 120.0) -> dict:
         raise CliError(f"{name} (pid {p['pid']}) is still running")
     cmd = list(p["cmd"])
     cmd[cmd.index("--listen") + 1] = p["address"]
+    if "--start-after" in cmd:  # a staggered start's order does not apply to a restart
+        i = cmd.index("--start-after")
+        del cmd[i:i + 2]
     ready = Path(p["ready"])
     ready.unlink(missing_ok=True)
     log = open(state_dir / "logs" / f"{name}.log", "ab")
@@ -288,6 +350,35 @@ def restart_process(state_dir: Path, name: str, timeout: float = 120.0) -> dict:
             raise CliError(f"{name} did not restart within {timeout:.0f} s")
         time.sleep(0.1)
     return p
+
+
+def renew_master(state_dir: Path, level: str, timeout: float = 60.0) -> tuple[str, str | None, str]:
+    """Give a running embedded cluster's ``level`` a fresh master (a new input timeline, no
+    queries) on the same address, keeping its workers and their warm Spark sessions; returns
+    (address, tls_dir, config path).  What ``strata replay --cluster`` does before each run."""
+    from .groups import level_slug
+
+    f = state_dir / "cluster.json"
+    if not f.exists():
+        raise CliError(f"no running cluster in {state_dir} (start one with `strata up`)")
+    record = json.loads(f.read_text())
+    p = next((x for x in record["processes"] if x["role"] == "master" and x["level"] == level), None)
+    if p is None:
+        raise CliError(f"the cluster in {state_dir} has no master of level {level}")
+    if _alive(p["pid"]):
+        try:
+            os.killpg(p["pid"], signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + 15
+        while _alive(p["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(p["pid"]):
+            os.killpg(p["pid"], signal.SIGKILL)
+    for old in state_dir.glob(f"master-{level_slug(level)}.sqlite*"):  # its timeline, queries and sessions
+        old.unlink(missing_ok=True)
+    p = restart_process(state_dir, p["name"], timeout=timeout)
+    return p["address"], record.get("tls_dir"), record["config"]
 
 
 def _alive(pid: int) -> bool:
@@ -569,8 +660,19 @@ def _raise(e):
 
 
 def read_input(cfg, stream: str, path: str):
-    """A replay/ingest file: CSV with header ts,level,<attributes> (or JSON lines)."""
+    """A replay/ingest file: CSV with header ts,level,<attributes> (or JSON lines).
+
+    What is NULL is explicit (docs/operations.md, *Input files*): in CSV only an empty
+    field of a double, long, timestamp or boolean column is NULL; a string or level
+    column has no NULL (an empty field is the empty string).  ``NA``, ``NULL``, ``null``,
+    ``N/A``, ``nan`` … are not NULL: in a numeric or boolean column they are refused like
+    any other word.  A double must be finite: ``nan``/``NaN`` and ``inf`` are refused (in
+    JSON lines too, where ``null`` is NULL).  A refusal is one line naming the file, the
+    line and the column.  Reading stays Arrow's multi-threaded reader; the checks are
+    vectorized.
+    """
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
 
@@ -581,14 +683,58 @@ def read_input(cfg, stream: str, path: str):
         raise CliError(f"unknown stream {stream!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
     types = {"ts": pa.int64(), "level": pa.string()}
     types.update({c: ARROW_TYPES[t] for c, t in schema.columns})
+    declared = {"ts": "long", "level": "level", **dict(schema.columns)}
+    is_json = path.endswith((".jsonl", ".json"))
+    first_line = 1 if is_json else 2  # the line of row 0 (one row per line; CSV: after the header)
+
+    def refuse(row, column, message):
+        where = f"line {row + first_line}, " if row is not None else ""
+        raise CliError(f"{path}: {where}column {column}: {message}", EXIT_REJECTED)
+
+    def header():
+        import csv as _csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            return next(_csv.reader(f), [])
+
+    def conversion_error(e):
+        """Arrow names the column by number and the bad value, not the row: find its first row."""
+        import re
+
+        m = re.search(r"In CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'", str(e))
+        if not m:
+            return
+        names = header()
+        idx, value = int(m.group(1)), m.group(3)
+        if idx >= len(names):
+            return
+        name = names[idx]
+        col = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+            include_columns=[name], column_types={name: pa.string()}, strings_can_be_null=False,
+            quoted_strings_can_be_null=False)).column(0)
+        row = pc.index(col, value).as_py()
+        kind = declared.get(name, str(types.get(name, m.group(2))))
+        refuse(row if row is not None and row >= 0 else None, name,
+               f"{value!r} is not a {kind} value (only an empty field is NULL)")
+
     try:
-        if path.endswith((".jsonl", ".json")):
+        if is_json:
             table = pjson.read_json(path, parse_options=pjson.ParseOptions(explicit_schema=pa.schema(types)))
         else:
-            table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
-                                                                             quoted_strings_can_be_null=False))
-    except (OSError, pa.ArrowInvalid) as e:
+            table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+                column_types=types, null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False))
+    except OSError as e:
         raise CliError(f"{path}: {str(e).splitlines()[0]}") from None
+    except pa.ArrowInvalid as e:
+        if not is_json:
+            conversion_error(e)
+        raise CliError(f"{path}: {str(e).splitlines()[0]}", EXIT_REJECTED) from None
+    for name in table.column_names:  # a double must be finite: nan and ±inf are refused, never NULL
+        col = table.column(name)
+        if pa.types.is_floating(col.type) and col.null_count < len(col) and not pc.all(pc.is_finite(col)).as_py():
+            row = pc.index(pc.is_finite(col), False).as_py()
+            refuse(row, name, f"{col[row].as_py()!r} is not a finite number (nan and inf are refused; "
+                              "an empty field is NULL)")
     return schema.name, table
 
 
@@ -608,6 +754,72 @@ def _batches(inputs, rows: int = 65536):
             yield stream, table.slice(off, rows)
 
 
+def _instant_batches(cfg, inputs, level: str | None, rows: int = 65536):
+    """The input in instant order across streams, in batches of about ``rows`` tuples, each group of
+    complete instants followed by an advance closing them: ``(stream, table, upto or None)``.
+
+    So the master cuts chunks and the workers compute while the rest is still being sent.  An
+    advance never goes beyond ``[limits] advance_horizon`` past the latest instant the master
+    keeps (rows ``level`` dominates; ``None``: every row is the session's own level).  Input whose
+    ``ts`` decreases is sent as it is, without advances (the master names the offending row)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    inputs = [(s, t) for s, t in inputs if t.num_rows]
+    if not inputs:
+        return
+    ts = {i: t.column("ts").to_numpy() for i, (_, t) in enumerate(inputs)}
+    if any(len(x) > 1 and bool((np.diff(x) < 0).any()) for x in ts.values()):
+        for stream, table in _batches(inputs, rows):
+            yield stream, table, None
+        return
+    horizon = int(getattr(getattr(cfg, "limits", None), "advance_horizon", 3600))
+    kept_max = {}  # per stream, per row: the largest ts of a kept row up to it (-1: none yet)
+    for i, (_, t) in enumerate(inputs):
+        if level is None or "level" not in t.column_names:
+            kept_max[i] = ts[i]
+            continue
+        col = t.column("level")
+        seen = [x for x in pc.unique(col).to_pylist() if x is not None]
+        keep = []
+        for x in seen:
+            try:
+                if cfg.lattice.leq(cfg.lattice.parse(x), level):
+                    keep.append(x)
+            except ValueError:
+                pass
+        mask = pc.is_in(col, value_set=pa.array(keep, pa.string())).to_numpy(zero_copy_only=False)
+        kept_max[i] = np.maximum.accumulate(np.where(mask, ts[i], -1))
+    instants = np.unique(np.concatenate(list(ts.values())))
+    starts = {i: np.searchsorted(x, instants, side="left") for i, x in ts.items()}
+    ends = {i: np.searchsorted(x, instants, side="right") for i, x in ts.items()}
+    sizes = sum(ends[i] - starts[i] for i in ts)
+    advanced = None
+    g = 0
+    while g < len(instants):
+        h, n = g, int(sizes[g])
+        while h + 1 < len(instants) and n + int(sizes[h + 1]) <= rows:
+            h += 1
+            n += int(sizes[h])
+        pieces = []
+        for i, (stream, t) in enumerate(inputs):
+            a, b = int(starts[i][g]), int(ends[i][h])
+            for off in range(a, b, rows):
+                pieces.append((stream, t.slice(off, min(rows, b - off))))
+        upto = None
+        if h + 1 < len(instants):  # the last group: the caller finishes the input
+            top = max(int(kept_max[i][int(ends[i][h]) - 1]) if ends[i][h] > 0 else -1 for i in ts)
+            upto = min(int(instants[h]), max(top, 0) + horizon)
+            if advanced is not None and upto <= advanced:
+                upto = None
+        for k, (stream, piece) in enumerate(pieces):
+            yield stream, piece, upto if k == len(pieces) - 1 else None
+        if upto is not None:
+            advanced = upto
+        g = h + 1
+
+
 def cmd_ingest(args) -> int:
     cfg = _config(args)
     inputs = _parse_inputs(cfg, args.input)
@@ -616,15 +828,21 @@ def cmd_ingest(args) -> int:
     sent = 0
     t0 = time.monotonic()
 
+    rows = max(1, min(65536, int(args.rate) if args.rate else 65536))
+    if args.finish:  # the file is all there is: close instants as they complete, so results flow meanwhile
+        batches = _instant_batches(cfg, inputs, c.level if args.labelled else None, rows=rows)
+    else:  # more may follow (from this or other producers): nothing is closed here
+        batches = ((s, t, None) for s, t in _batches(inputs, rows=rows))
+
     def paced():
         nonlocal sent
-        for stream, t in _batches(inputs, rows=max(1, min(65536, int(args.rate) if args.rate else 65536))):
-            if args.rate:
+        for stream, t, upto in batches:
+            if args.rate and t is not None:
                 wait = t0 + sent / args.rate - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-            sent += t.num_rows
-            yield stream, t
+            sent += 0 if t is None else t.num_rows
+            yield stream, t, upto
 
     try:
         reply = _client_call(c.ingest, paced(), labelled=args.labelled, what="ingest stopped: ")
@@ -653,19 +871,60 @@ def cmd_advance(args) -> int:
     return EXIT_OK
 
 
+def _tls_cache() -> Path | None:
+    """Where ``strata replay`` keeps the certificates of its private embedded clusters between runs
+    (``$XDG_CACHE_HOME/strata/embedded-tls``, else ``~/.cache/...``), or None if that directory
+    cannot be made private to this user (then every run makes its own).  Reusing them is safe:
+    they are only ever presented on loopback between this user's own processes, and only this
+    user can read them (mode 0700, owned by them); ``STRATA_NO_TLS_CACHE=1`` turns it off."""
+    if os.environ.get("STRATA_NO_TLS_CACHE"):
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "embedded-tls"
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = base.stat()
+        if st.st_uid != os.getuid():
+            return None
+        if st.st_mode & 0o077:
+            base.chmod(0o700)
+        return base
+    except OSError:
+        return None
+
+
 def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
-           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None, tls_dir: str | None = None) -> int:
+           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None, tls_dir: str | None = None,
+           timings: dict | None = None, cluster: str | None = None) -> int:
+    """Replay files through a cluster and write every result (``strata replay``).
+
+    Without ``master``: an embedded cluster of the login level is started for this run and
+    stopped after it.  The input is sent in instant order with the instants closed as they
+    complete, so workers compute while the rest is still being sent.  ``timings`` (optional)
+    receives where the time went: ``start`` (cluster start-up, with ``first``/``all`` worker
+    ready), ``read``, ``process`` (first tuple sent → last result), ``write``."""
     from .config import load_config
 
+    t0 = time.monotonic()
     cfg = load_config(config_path)
     data = _parse_inputs(cfg, inputs)
+    t_read = time.monotonic() - t0
     if level:
         try:
             level = cfg.lattice.parse(level)
         except ValueError as e:
             raise CliError(f"--level: {e}", EXIT_REJECTED) from None
     tmp = None
-    if master is None:
+    ok = False
+    out_t = timings if timings is not None else {}
+    out_t["read"] = round(t_read, 3)
+    if cluster is not None:  # a cluster of `strata up`: a fresh master, the warm workers
+        if level is None:
+            raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
+        t1 = time.monotonic()
+        master, tls_dir, _ = renew_master(Path(cluster), level)
+        out_t["start"] = round(time.monotonic() - t1, 3)
+        _progress(f"fresh master of level {level} at {master} (the workers of {cluster} stay)")
+    elif master is None:
         if level is None:
             from .users import UserStore
 
@@ -676,7 +935,11 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
         _progress(f"starting an embedded cluster at level {level} with {workers} workers "
                   f"(user {user} has every role on it)")
-        started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user)
+        t1 = time.monotonic()
+        started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user,
+                                tls_dir=_tls_cache(), persist=False, **EMBEDDED_START)
+        out_t["start"] = round(time.monotonic() - t1, 3)
+        out_t["start_split"] = started.get("seconds")
         master, tls_dir = started["masters"][cfg.lattice.parse(level)], started["tls_dir"]
     try:
         c = _login(master, user, level or "", tls_dir)
@@ -696,31 +959,51 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         th.start()
         total = sum(t.num_rows for _, t in data)
         _progress(f"replaying {total} tuples")
-        reply = _client_call(c.ingest, _batches(data), labelled=True, what="input rejected: ")
+        t2 = time.monotonic()
+        reply = _client_call(c.ingest, _instant_batches(cfg, data, c.level), labelled=True, what="input rejected: ")
         if reply.error:
             raise CliError(f"input rejected: {reply.error}", EXIT_REJECTED)
         _client_call(c.advance, finish=True)
-        t0 = time.monotonic()
+        out_t["sent"] = round(time.monotonic() - t2, 3)
         while th.is_alive():
             th.join(timeout=5)
             if th.is_alive():
                 st = _client_call(c.status)
                 done = ", ".join(f"{q.query_id} {'-' if q.last_ts < 0 else q.last_ts}" for q in st.queries
                                  if q.query_id in results)
-                _progress(f"waiting for results ({time.monotonic() - t0:.0f} s); last instant per query: {done}")
+                _progress(f"waiting for results ({time.monotonic() - t2:.0f} s); last instant per query: {done}")
+        out_t["process"] = round(time.monotonic() - t2, 3)
+        if timings is not None:  # where the chunks' time went (operators' status)
+            try:
+                st = c.status()
+                out_t["chunks"] = {k: float(v) for k, v in st.timings.items()}
+                out_t["counters"] = {k: int(v) for k, v in st.counters.items()}
+            except Exception:  # noqa: BLE001 - diagnostics only
+                pass
         if error:
             raise CliError(f"result stream failed: {error[0]}")
+        t3 = time.monotonic()
         _write_outputs(output, regs, results)
+        out_t["write"] = round(time.monotonic() - t3, 3)
         c.close()
         _progress(f"accepted {reply.accepted} tuples ({reply.dropped_by_shepherd} above level {c.level} dropped); "
                   f"wrote {output}")
         failed = {q: e for q, (state, e) in c.ended.items() if state == "failed"}
         for q, e in failed.items():
             print(f"strata: query {q} failed: {e}", file=sys.stderr, flush=True)
+        ok = True
     finally:
         if tmp is not None:
             stop_cluster(tmp)
+            if ok:  # after a failure the logs stay (the error names the directory's processes)
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+#: how `strata replay` (and the demo) start their embedded cluster (measured: docs/benchmarks/README.md)
+EMBEDDED_START = {"wait": "all", "stagger": False}
 
 
 def _write_outputs(output: str, regs, results) -> None:
@@ -742,8 +1025,15 @@ def _write_outputs(output: str, regs, results) -> None:
 def cmd_replay(args) -> int:
     if args.master is None and args.workers < 1:
         raise CliError("--workers must be at least 1", EXIT_REJECTED)
-    return replay(args.config, args.user, args.level, args.query, args.input, args.output, args.workers,
-                  args.chunk_seconds, args.master, _client_tls(args))
+    if args.master and args.cluster:
+        raise CliError("give --master or --cluster, not both", EXIT_REJECTED)
+    timings = {} if args.timings else None
+    try:
+        return replay(args.config, args.user, args.level, args.query, args.input, args.output, args.workers,
+                      args.chunk_seconds, args.master, _client_tls(args), timings=timings, cluster=args.cluster)
+    finally:
+        if args.timings:
+            Path(args.timings).write_text(json.dumps(timings))
 
 
 def cmd_demo(args) -> int:
@@ -769,6 +1059,7 @@ def add_parsers(sub) -> None:
     common(w)
     w.add_argument("--listen", default="127.0.0.1:0")
     w.add_argument("--spark-master", default=os.environ.get("STRATA_SPARK_MASTER", "local[1]"))
+    w.add_argument("--start-after", help=argparse_suppress())
     w.add_argument("--load-reading", choices=["host", "process"], default=None,
                    help="the CPU reading Algorithm 5 compares with 90 %%: the host's CPUs (default, "
                         "[cluster] load_reading) or this worker's own processes (workers sharing a host)")
@@ -788,7 +1079,8 @@ def add_parsers(sub) -> None:
     up = sub.add_parser("up", help="start an embedded local cluster in the background")
     up.add_argument("--config", required=True)
     up.add_argument("--levels", required=True, help="comma-separated levels, one group each")
-    up.add_argument("--workers", type=int, default=2)
+    up.add_argument("--workers", type=int, default=default_workers(),
+                    help="workers per level (default: one per core, at most 2)")
     up.add_argument("--state-dir", required=True)
     up.add_argument("--chunk-seconds", type=float, default=1.0)
     up.add_argument("--multicast-port", type=int, default=0)
@@ -861,15 +1153,21 @@ def add_parsers(sub) -> None:
     r.add_argument("--query", action="append", required=True)
     r.add_argument("--input", action="append", required=True, help="STREAM=FILE.csv")
     r.add_argument("--output", required=True)
-    r.add_argument("--workers", type=int, default=2)
+    r.add_argument("--workers", type=int, default=default_workers(),
+                   help="workers of the embedded cluster (default: one per core, at most 2)")
     r.add_argument("--chunk-seconds", type=float, default=1.0)
-    r.add_argument("--master")
+    r.add_argument("--master", help="replay into this running master (its input is finished afterwards)")
+    r.add_argument("--cluster", metavar="STATE_DIR",
+                   help="replay into the running `strata up` cluster of STATE_DIR: a fresh master of --level, its "
+                        "workers already warm (the fast path for repeated runs; the user needs the analyst and "
+                        "producer roles there)")
     r.add_argument("--tls-dir", help="client certificate for --master (default: $STRATA_TLS_DIR)")
+    r.add_argument("--timings", metavar="FILE", help="write where the time went (JSON; for benchmarks)")
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="the main job: battlefield replay on an embedded cluster")
     d.add_argument("--dir", default="out/demo")
-    d.add_argument("--workers", type=int, default=2)
+    d.add_argument("--workers", type=int, default=default_workers())
     d.set_defaults(func=cmd_demo)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +66,18 @@ def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: i
     os.environ["STRATA_PASSWORD"] = password
     print(f"[strata] demo: {instants * per_instant} Vitals tuples over {instants} instants, 4 levels, "
           f"user 'commander' logged in at S (clearance TS)", file=sys.stderr)
+    t0 = time.monotonic()
+    timings: dict = {}
     rc = replay(str(cfg_path), "commander", "S", QUERIES,
                 [f"Vitals={workdir / 'vitals.csv'}", f"Positions={workdir / 'positions.csv'}"],
-                str(workdir / "results"), workers=workers)
+                str(workdir / "results"), workers=workers, timings=timings)
+    total = time.monotonic() - t0
+    start = float(timings.get("start", 0.0))
+    split = {"start": round(start, 2), "first_worker": (timings.get("start_split") or {}).get("first"),
+             "after_ready": round(total - start, 2), "process": timings.get("process"), "replay": round(total, 2)}
+    print(f"[strata] demo took {total:.1f} s: cluster start-up {start:.1f} s, then {total - start:.1f} s "
+          f"(results after {float(timings.get('process') or 0):.1f} s of processing)", file=sys.stderr)
+    print("[strata] timings " + json.dumps(split), file=sys.stderr, flush=True)
     for i, q in enumerate(QUERIES, 1):
         path = workdir / "results" / f"q{i}.csv"
         rows = path.read_text().splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import pyarrow as pa
@@ -42,6 +43,7 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
     then SIGCONT: its late result for the re-dispatched chunk is discarded as a duplicate."""
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
     state = tmp_path / "state"
+    stop_pacing = threading.Event()
     masters = start_cluster(str(cfg_path), ["TS"], 2, state)
     try:
         workers = [p for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "worker"]
@@ -52,7 +54,17 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
         streams = _streams()
         table = pa.Table.from_pylist(streams["Vitals"])
         c.ingest([("Vitals", table)], labelled=True)
-        c.advance(upto_ts=15)
+        # a paced source: one instant closes every 0.25 s, so chunks keep going out one by one
+        # (a backlog would travel as a few merged chunks and the run could end before the fault)
+
+        def pace():
+            for ts in range(1, 41):
+                if stop_pacing.wait(0.25):
+                    return
+                c.advance(upto_ts=ts)
+
+        pacer = threading.Thread(target=pace, daemon=True)
+        pacer.start()
         deadline = time.monotonic() + 120
         while not any(got.values()) and time.monotonic() < deadline:  # the run is under way
             time.sleep(0.05)
@@ -73,6 +85,8 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
         assert detected < 3 + 1 + 3, f"worker failure noticed after {detected:.1f} s"
         if fault == "stall":
             os.kill(workers[0]["pid"], signal.SIGCONT)
+        pacer.join(60)
+        assert not pacer.is_alive(), "the paced source did not finish"
         c.advance(finish=True)
         assert ended.wait(180), "results did not complete after the worker died"
         cfg = parse_config(BATTLEFIELD_TOML)
@@ -89,4 +103,5 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
             assert victim in {w.sid for w in c.status().workers}
         c.close()
     finally:
+        stop_pacing.set()
         stop_cluster(state)

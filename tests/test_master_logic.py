@@ -172,10 +172,10 @@ def _vitals(ts, levels, bp=None):
                      "weight": [1.0] * n})
 
 
-def _answer(core, cid, error_for=None, error_ts=None):
-    """A worker's answer for chunk ``cid``: one row per instant for every query; ``error_for``
-    fails at ``error_ts`` (with its rows before it)."""
-    chunk = core.pipeline.chunks[cid]
+def _answer(core, cid, error_for=None, error_ts=None, chunk=None):
+    """A worker's answer for chunk ``cid`` (or the unit ``chunk`` as sent: several chunks merged):
+    one row per instant for every query; ``error_for`` fails at ``error_ts`` (with its rows before it)."""
+    chunk = chunk if chunk is not None else core.pipeline.chunks[cid]
     out = []
     for qc in chunk.queries:
         if qc.query_id == error_for:
@@ -195,7 +195,8 @@ def _drain(core, sid="w1", **fail):
         if not got:
             return done
         for chunk, s in got:
-            core.on_result(chunk.chunk_id, s, _answer(core, chunk.chunk_id, **fail))
+            core.on_result(chunk.chunk_id, s, _answer(core, chunk.chunk_id, chunk=chunk, **fail),
+                           span=(chunk.first_ts, chunk.last_ts))
             done.append(chunk.chunk_id)
 
 

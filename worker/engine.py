@@ -107,7 +107,8 @@ from strata.mlscql.analyze import CompiledQuery
 from strata.mlscql.printer import expr_text
 
 from .expr import INTEGRAL, SPARK_TYPES, SqlCompiler, conjuncts, ident, level_of_mask
-from .windows import TAU, end_array, end_sql, instants_sql, membership_sql, useful_rows
+from .windows import (TAU, end_array, end_sql, in_instants_sql, instants_sql, membership_sql, successor_sql,
+                      useful_rows)
 
 __all__ = ["Engine", "EngineError", "result_schema", "describe_error", "is_infrastructure_error"]
 
@@ -120,6 +121,7 @@ ERR = "_err"
 _HI_RANGE = f"BETWEEN {-(2**31)} AND {2**31 - 1}"
 _LO_MASK = "CAST(4294967295 AS BIGINT)"
 _TWO32 = "CAST(4294967296 AS DOUBLE)"
+_LONG_MIN = -(2**63)
 
 
 class EngineError(ValueError):
@@ -232,7 +234,17 @@ class Engine:
     INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
                         "spark.sql.ansi.enabled": "false"}
 
-    def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None):
+    #: a single-item aggregate is pre-aggregated per (ts, interval end, group) before its
+    #: partials are spread over the instants when the windows at the chunk's instants hold each
+    #: row at least this many times on average (RANGE windows over several instants) ...
+    PREAGG_FACTOR = 2.0
+    #: ... and at least this many rows reach Spark (below, one aggregation is cheaper to plan)
+    PREAGG_MIN_ROWS = 2_000
+    #: :meth:`run_many` evaluates a chunk's queries in one statement up to this many input rows
+    BATCH_MAX_ROWS = 2_000_000
+
+    def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None,
+                 batch: bool = True):
         if membership not in ("arrow", "spark"):
             raise ValueError("membership must be 'arrow' or 'spark'")
         self.spark = spark
@@ -243,6 +255,11 @@ class Engine:
         #: where window intervals are computed: "arrow" (NumPy on the chunk, pruning tuples
         #: in no window before Spark sees them) or "spark" (lead() window functions in Spark)
         self.membership = membership
+        #: whether :meth:`run_many` puts several queries into one Spark statement
+        self.batch = batch
+        self._cores: int | None = None
+        self.preagg_factor = self.PREAGG_FACTOR
+        self.preagg_min_rows = self.PREAGG_MIN_ROWS
         self.lattice = config.lattice
         levels = list(self.lattice.levels)
         self._level_values = pa.array(levels, pa.string())
@@ -266,13 +283,159 @@ class Engine:
                 raise
             rows, failure = self._isolate(cq, chunk, mode, exc)
             state = None
+        return self._result(chunk, mode, rows, state, failure, time.perf_counter() - t0)
+
+    def run_many(self, items: list[tuple[CompiledQuery, QueryChunk]]) -> list[ChunkResult]:
+        """``[run(cq, chunk) for cq, chunk in items]``, with the queries' statements evaluated as
+        one Spark statement (one parse, analysis, plan and job instead of one per query).
+
+        Each query's part of the statement is exactly the statement :meth:`run` would evaluate
+        (its own CTEs and input tables; identical input tables are sent once), so its rows,
+        failures (``_err``) and state are the same.  A query whose planning raises, a STATE
+        query, and every query of a statement that raises are evaluated by :meth:`run`
+        instead (with its isolation of failures).  Infrastructure failures raise.
+        """
+        if not self.batch or len(items) < 2:
+            return [self.run(cq, ch) for cq, ch in items]
+        t0 = time.perf_counter()
+        results: list[ChunkResult | None] = [None] * len(items)
+        pending: list[tuple[int, _Deferred]] = []
+        for j, (cq, chunk) in enumerate(items):
+            mode = legacy_mode(cq)
+            if mode is LegacyMode.STATE:
+                continue  # its statement also returns the new state: evaluated on its own
+            try:
+                rows, state, failure = _Run(self, cq, chunk, mode, prefix=f"q{j}_", defer=True).execute()
+            except _Deferred as d:
+                pending.append((j, d))
+                continue
+            except Exception as exc:  # noqa: BLE001 - evaluated (and isolated) on its own below
+                if is_infrastructure_error(exc):
+                    raise
+                continue
+            results[j] = self._result(chunk, mode, rows, state, failure, time.perf_counter() - t0)
+        if len(pending) >= 2 and sum(d.run.rows_in for _, d in pending) <= self.BATCH_MAX_ROWS:
+            try:
+                tables = self._evaluate_together([d for _, d in pending])
+            except Exception as exc:  # noqa: BLE001 - each query on its own below
+                if is_infrastructure_error(exc):
+                    raise
+                tables = None
+            if tables is not None:
+                secs = (time.perf_counter() - t0) / len(pending)
+                for (j, d), tbl in zip(pending, tables):
+                    try:
+                        rows, state, failure = d.then(tbl)
+                    except Exception as exc:  # noqa: BLE001
+                        if is_infrastructure_error(exc):
+                            raise
+                        continue
+                    cq, chunk = items[j]
+                    results[j] = self._result(chunk, d.run.mode, rows, state, failure, secs, batched=len(pending))
+        return [r if r is not None else self.run(*items[j]) for j, r in enumerate(results)]
+
+    def _evaluate_together(self, deferred: list[_Deferred]) -> list[pa.Table]:
+        """One statement: the UNION ALL of the runs' final selects, tagged ``_q``, each run's output
+        columns in typed slots shared between the runs; split back per run after ``toArrow``."""
+        slots: list[tuple[str, str]] = []  # (slot name, Spark type)
+        layouts = []
+        for d in deferred:
+            r = d.run
+            cols = [(f"o{k}", SPARK_TYPES[o.type]) for k, o in enumerate(r.cq.outputs)]
+            seen: dict[str, int] = {}
+            layout = {}
+            for name, typ in cols:
+                n = seen.get(typ, 0)
+                seen[typ] = n + 1
+                slot = f"v_{typ.lower()}_{n}"
+                if (slot, typ) not in slots:
+                    slots.append((slot, typ))
+                layout[slot] = name
+            layouts.append(layout)
+        ctes: list[tuple[str, str]] = []
+        frames: dict[str, pa.Table] = {}
+        branches = []
+        for j, (d, layout) in enumerate(zip(deferred, layouts)):
+            r = d.run
+            ctes += r.ctes
+            frames.update(r.frames)
+            cols = [f"CAST({j} AS INT) AS _q", TAU, LEVEL]
+            cols += [f"CAST({layout[slot]} AS {typ}) AS {slot}" if slot in layout else f"CAST(NULL AS {typ}) AS {slot}"
+                     for slot, typ in slots]
+            cols.append(ERR if r.checked else f"CAST(NULL AS INT) AS {ERR}")
+            branches.append(f"SELECT {', '.join(cols)} FROM ({d.final}) AS _b{j}")
+        tbl = self.statement(ctes, "\nUNION ALL\n".join(branches), frames).toArrow()
+        q = tbl.column("_q")
+        out = []
+        for j, (d, layout) in enumerate(zip(deferred, layouts)):
+            part = tbl.filter(pc.equal(q, j))
+            names = [TAU, LEVEL] + [f"o{k}" for k in range(len(d.run.cq.outputs))]
+            arrays = [part.column(TAU), part.column(LEVEL)]
+            by_name = {v: k for k, v in layout.items()}
+            arrays += [part.column(by_name[f"o{k}"]) for k in range(len(d.run.cq.outputs))]
+            if d.run.checked:
+                names.append(ERR)
+                arrays.append(part.column(ERR))
+            out.append(pa.Table.from_arrays(arrays, names=names))
+        return out
+
+    def statement(self, ctes: list[tuple[str, str]], final: str, frames: dict[str, pa.Table]):
+        """The DataFrame of ``WITH ctes final``, whose ``\\x00key\\x00`` placeholders name the Arrow
+        tables of ``frames`` (equal tables become one DataFrame)."""
+        text = final
+        if ctes:
+            text = "WITH " + ",\n".join(f"{n} AS ({s})" for n, s in ctes) + "\n" + final
+        # spark.sql(text, **frames) formats with str.format: escape braces, then place frames
+        text = text.replace("{", "{{").replace("}", "}}")
+        for key in frames:
+            text = text.replace(f"\x00{key}\x00", "{" + key + "}")
+        session = self.session_for(sum(t.num_rows for t in frames.values()))
+        dfs: dict[str, object] = {}
+        made: list[tuple[pa.Table, object]] = []
+        for k, t in frames.items():
+            for other, df in made:
+                if other.num_rows == t.num_rows and other.schema.equals(t.schema) and other.equals(t):
+                    dfs[k] = df
+                    break
+            else:
+                dfs[k] = session.createDataFrame(self._partitioned(t))
+                made.append((t, dfs[k]))
+        return session.sql(text, **dfs)
+
+    #: rows per Spark partition of an input table (at most one partition per core)
+    PARTITION_ROWS = 100_000
+
+    def _partitioned(self, table: pa.Table) -> pa.Table:
+        """``table`` as record batches of one Spark partition each: ``createDataFrame`` makes one
+        partition (task) per batch of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows
+        (worker/spark.py sets it high).  With Spark's default of 10,000 rows a 680k-row chunk became
+        68 tasks whose scheduling cost 3-4x the work (docs/benchmarks/engine.md)."""
+        if self._cores is None:
+            try:
+                self._cores = max(1, int(self.spark.sparkContext.defaultParallelism))
+            except Exception:  # noqa: BLE001 - e.g. a session without a local context
+                self._cores = 1
+        n = table.num_rows
+        parts = max(1, min(self._cores, -(-n // self.PARTITION_ROWS)))
+        if parts == 1:
+            return table.combine_chunks()
+        size = -(-n // parts)
+        return pa.Table.from_batches(
+            [b for k in range(parts) for b in table.slice(k * size, size).combine_chunks().to_batches()],
+            schema=table.schema)
+
+    @staticmethod
+    def _result(chunk: QueryChunk, mode: LegacyMode, rows: pa.Table, state, failure, seconds: float,
+                batched: int = 0) -> ChunkResult:
         stats = {
             "mode": mode.value,
             "rows_in": chunk.num_rows,
             "rows_out": rows.num_rows,
             "instants": len(chunk.instants),
-            "seconds": round(time.perf_counter() - t0, 6),
+            "seconds": round(seconds, 6),
         }
+        if batched:
+            stats["batched"] = batched
         if failure is not None:
             error_ts, reason = failure
             stats["error"] = reason
@@ -342,11 +505,43 @@ def _col(i: int, name: str) -> str:
     return ident(f"i{i}__{name}")
 
 
+def _span(window: A.Window, instant_seconds: float) -> int | None:
+    """T of a window whose intervals are ``[ts, ts + T)`` (RANGE T, NOW), else None."""
+    if window.kind == "range":
+        return int(window.range_instants(instant_seconds))
+    if window.kind == "now":
+        return 1
+    return None
+
+
+def _members(ts: np.ndarray, end: np.ndarray, instants: list[int]) -> int:
+    """How many (row, instant) pairs have the instant in the row's interval ``[ts, end)``."""
+    ins = np.asarray(instants, dtype=np.int64)
+    return int(np.sum(np.searchsorted(ins, end, side="left") - np.searchsorted(ins, ts, side="left")))
+
+
+class _Deferred(Exception):
+    """Control flow of :meth:`Engine.run_many`: a run's planned statement, not yet evaluated.
+
+    ``then(arrow_table)`` turns the statement's result into ``(rows, state, failure)``."""
+
+    def __init__(self, run: "_Run", final: str, then):
+        super().__init__("deferred statement")
+        self.run, self.final, self.then = run, final, then
+
+
 class _Run:
     """Evaluation of one chunk: builds one SQL statement, runs it, converts the result."""
 
-    def __init__(self, engine: Engine, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode):
+    def __init__(self, engine: Engine, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode,
+                 prefix: str = "", defer: bool = False):
         self.e = engine
+        #: names of this run's CTEs and frames start with it (several runs in one statement)
+        self.prefix = prefix
+        #: raise :class:`_Deferred` with the planned statement instead of running it
+        self.defer = defer
+        self.rows_in = 0  # rows sent to Spark
+        self.explode = 0  # (row, evaluated instant) pairs of rows in windows (Arrow membership)
         self.spark = engine.spark
         self.lattice = engine.lattice
         self.cq = cq
@@ -465,14 +660,16 @@ class _Run:
 
     # ------------------------------------------------------------------ input
     def _load(self, i: int, needed: set[str], window: A.Window | None = None,
-              ts_in: list[int] | None = None, ts_after: int | None = None) -> tuple[str, list[str]]:
+              ts_in: list[int] | None = None, ts_after: int | None = None,
+              seq: bool = False, end_column: bool = True) -> tuple[str, list[str]]:
         """Registers item ``i``'s table; returns (SQL source placeholder, SQL column list).
 
-        Only ``_seq``, ``ts``, ``level``, the level mask and the ``needed``
-        attributes travel to Spark.  With ``window`` (Arrow membership) the
-        table also gets each tuple's interval end ``i{i}___end`` and loses the
-        tuples that are in no window at any evaluated instant; ``ts_in`` /
-        ``ts_after`` keep only tuples with ``ts`` in the list / after the value.
+        Only ``ts``, the level mask and the ``needed`` attributes travel to Spark (``level``
+        only when the query reads it, ``_seq`` only with ``seq``: Spark-side ROWS membership).
+        With ``window`` (Arrow membership) the table also gets each tuple's interval end
+        ``i{i}___end`` and loses the tuples that are in no window at any evaluated instant;
+        ``ts_in`` / ``ts_after`` keep only tuples with ``ts`` in the list / after the value
+        and not after the last evaluated instant.
         """
         table = self.chunk.items[i]
         schema = self.cq.items[i].schema
@@ -484,9 +681,9 @@ class _Run:
                 raise EngineError(f"table of FROM item {i} ({self.cq.items[i].name}) lacks column {name!r}")
             return k
 
-        seq = table.column(key("_seq")).cast(pa.int64()).to_numpy()
-        if len(seq) > 1 and bool(np.any(seq[1:] < seq[:-1])):
-            table = table.take(pa.array(np.argsort(seq, kind="stable")))
+        seqs = table.column(key("_seq")).cast(pa.int64()).to_numpy()
+        if len(seqs) > 1 and bool(np.any(seqs[1:] < seqs[:-1])):
+            table = table.take(pa.array(np.argsort(seqs, kind="stable")))
         ts = table.column(key("ts")).cast(pa.int64()).to_numpy()
         keep = None
         end = None
@@ -497,18 +694,26 @@ class _Run:
         if ts_in is not None:
             keep = np.isin(ts, np.asarray(ts_in, dtype=np.int64))
         if ts_after is not None:
-            keep = ts > ts_after
+            keep = (ts > ts_after) & (ts <= self.evals[-1])
         if keep is not None and not keep.all():
             mask = pa.array(keep)
             table = table.filter(mask)
             if end is not None:
                 end = end[keep]
+        self.rows_in += table.num_rows
+        self.explode += table.num_rows if end is None else _members(ts if keep is None else ts[keep], end, self.evals)
 
         levels = table.column(key("level")).cast(pa.string())
-        arrays = [table.column(key("_seq")).cast(pa.int64()), table.column(key("ts")).cast(pa.int64()),
-                  levels, self.e.masks_of(levels)]
-        names = [f"i{i}___seq", f"i{i}__ts", f"i{i}__{LEVEL}", f"i{i}__{MASK}"]
-        if end is not None:
+        arrays = [table.column(key("ts")).cast(pa.int64()), self.e.masks_of(levels)]
+        names = [f"i{i}__ts", f"i{i}__{MASK}"]
+        lowered = {n.lower() for n in needed}
+        if LEVEL in lowered:
+            arrays.append(levels)
+            names.append(f"i{i}__{LEVEL}")
+        if seq:
+            arrays.append(table.column(key("_seq")).cast(pa.int64()))
+            names.append(f"i{i}___seq")
+        if end is not None and end_column:
             arrays.append(pa.array(end, pa.int64()))
             names.append(f"i{i}___end")
         for name, typ in schema.columns:
@@ -518,25 +723,24 @@ class _Run:
         return self._frame(f"i{i}", pa.Table.from_arrays(arrays, names=names)), [ident(n) for n in names]
 
     def _frame(self, key: str, table: pa.Table) -> str:
+        key = self.prefix + key
         self.frames[key] = table
         return f"\x00{key}\x00"
 
     def _cte(self, name: str, sql: str) -> str:
+        name = self.prefix + name
         self.ctes.append((name, sql))
         return name
 
     def _sql(self, final: str):
-        text = final
-        if self.ctes:
-            text = "WITH " + ",\n".join(f"{n} AS ({s})" for n, s in self.ctes) + "\n" + final
-        # spark.sql(text, **frames) formats with str.format: escape braces, then place frames
-        text = text.replace("{", "{{").replace("}", "}}")
-        for key in self.frames:
-            text = text.replace(f"\x00{key}\x00", "{" + key + "}")
-        session = self.e.session_for(sum(t.num_rows for t in self.frames.values()))
-        self.codegen = session is self.spark
-        frames = {k: session.createDataFrame(t) for k, t in self.frames.items()}
-        return session.sql(text, **frames)
+        return self.e.statement(self.ctes, final, self.frames)
+
+    def _query(self, final: str, then):
+        """``then(Arrow result of final)``, or with ``defer`` a :class:`_Deferred` carrying the
+        statement for :meth:`Engine.run_many`, which evaluates it together with others."""
+        if self.defer:
+            raise _Deferred(self, final, then)
+        return then(self._sql(final).toArrow())
 
     # ------------------------------------------------------------------- main
     def execute(self) -> tuple[pa.Table, pa.Table | None, tuple[int, str] | None]:
@@ -545,8 +749,7 @@ class _Run:
         if not self.instants:
             return self._empty(), None, None
         if self.mode is LegacyMode.NONE:
-            rows, failure = self._execute_none()
-            return rows, None, failure
+            return self._execute_none()
         if self.mode is LegacyMode.STATE:
             return self._execute_state()
         if not self.cq.is_aggregate and any(t.num_rows == 0 for t in self.chunk.items):
@@ -555,51 +758,76 @@ class _Run:
         sources = []
         arrow = self.e.membership == "arrow"
         for i, f in enumerate(self.q.from_):
-            src, cols = self._load(i, needed[i], window=f.window if arrow else None)
-            ts, seq = _col(i, "ts"), _col(i, "_seq")
+            # RANGE and NOW intervals end at ts + T: computed in SQL, not sent
+            span = _span(f.window, self.e.config.instant_seconds)
+            src, cols = self._load(i, needed[i], window=f.window if arrow else None, seq=not arrow,
+                                   end_column=span is None)
+            ts = _col(i, "ts")
             if arrow:
-                end = _col(i, "_end")
-                if f.window.kind == "unbounded":
-                    end = None
+                end = None if f.window.kind == "unbounded" else (
+                    _col(i, "_end") if span is None else f"({ts} + CAST({span} AS BIGINT))")
             else:
-                end = end_sql(f.window, ts, seq, [_col(i, c) for c in f.window.partition_by],
+                end = end_sql(f.window, ts, _col(i, "_seq"), [_col(i, c) for c in f.window.partition_by],
                               self.e.config.instant_seconds)
-            sources.append(self._cte(f"w{i}", membership_sql(src, cols, ts, end, self.evals)))
-        from_ = sources[0] + "".join(f" JOIN {w} USING ({TAU})" for w in sources[1:])
-        mask = " | ".join(_col(i, MASK) for i in range(len(sources)))
+            sources.append((src, cols, ts, end))
         cond = self._filter(self.where_parts)
         where = f" WHERE {cond}" if cond else ""
+        if self.cq.is_aggregate and len(sources) == 1 and arrow and self._pre_aggregate():
+            # partials per (ts, interval end, group) first, then spread over the instants of each
+            # (ts, end) interval and merged: the rows are aggregated once instead of once per
+            # instant whose window holds them (RANGE windows over many instants)
+            src, cols, ts, end = sources[0]
+            span = _span(self.q.from_[0].window, self.e.config.instant_seconds)
+            end_key = [] if end is None or span is not None else [(end, "_e")]
+            pre = self._cte("pre", self._aggregate_sql(f"{src}{where}", ts, _col(0, MASK), tau_alias="_t",
+                                                       extra=end_key))
+            kv = [ident(c) for c in self._group_names() + [ROWS, MASK] + [p.name for p in self._partials()]]
+            err = [ERR] if self.row_err else []
+            pend = None if end is None else ("_e" if span is None else f"(_t + CAST({span} AS BIGINT))")
+            spread = self._cte("x", membership_sql(pre, kv + err, "_t", pend, self.evals, pruned=True))
+            rel = self._finalize(self._cte("m", self._merge_sql(spread)))
+            return self._query(self._r2s(rel), self._rows_only)
+        windows = [self._cte(f"w{i}", membership_sql(src, cols, ts, end, self.evals, pruned=arrow))
+                   for i, (src, cols, ts, end) in enumerate(sources)]
+        from_ = windows[0] + "".join(f" JOIN {w} USING ({TAU})" for w in windows[1:])
+        mask = " | ".join(_col(i, MASK) for i in range(len(windows)))
         if self.cq.is_aggregate:
             p = self._cte("p", self._aggregate_sql(f"{from_}{where}", TAU, f"({mask})"))
             rel = self._finalize(p)
         else:
             err = self._err_col(self.where_parts + self.select_parts)
             rel = self._cte("r", f"SELECT {TAU}, ({mask}) AS {MASK}, {self._select_list()}{err} FROM {from_}{where}")
-        rows, failure = self._finish(self._sql(self._r2s(rel)).toArrow())
+        return self._query(self._r2s(rel), self._rows_only)
+
+    def _rows_only(self, tbl: pa.Table):
+        rows, failure = self._finish(tbl)
         return rows, None, failure
 
+    def _pre_aggregate(self) -> bool:
+        """Whether to aggregate per (ts, interval end, group) before spreading over the instants:
+        when the windows at the evaluated instants hold each row several times on average."""
+        return self.rows_in >= self.e.preagg_min_rows and self.explode >= self.e.preagg_factor * self.rows_in
+
     # ---------------------------------------------------------- NONE (monotone)
-    def _execute_none(self) -> tuple[pa.Table, tuple[int, str] | None]:
+    def _execute_none(self) -> tuple[pa.Table, pa.Table | None, tuple[int, str] | None]:
         """Unbounded single item, no aggregate: ISTREAM at τ is the rows of the tuples with ts = τ.
 
         (DSTREAM of this monotone relation is empty, but R(τ) is still evaluated at every
         instant: its failures are the query's.)"""
         if self.chunk.items[0].num_rows == 0:
-            return self._empty(), None
+            return self._empty(), None, None
         if self.cq.r2s != "ISTREAM" and not self.checked:
-            return self._empty(), None  # DSTREAM of a monotone relation is empty
-        src, _ = self._load(0, self._needed()[0], ts_in=self.instants)
+            return self._empty(), None, None  # DSTREAM of a monotone relation is empty
+        src, _ = self._load(0, self._needed()[0], ts_in=self.instants)  # only tuples with ts = an instant
         ts = _col(0, "ts")
-        cond = f"{ts} IN ({', '.join(str(t) for t in self.instants)})"
         where = self._filter(self.where_parts)
-        if where:
-            cond += f" AND {where}"
+        where = f" WHERE {where}" if where else ""
         level = level_of_mask(self.lattice, _col(0, MASK))
         err = self._err_col(self.where_parts + self.select_parts)
-        sql = f"SELECT {ts} AS {TAU}, {level} AS {LEVEL}, {self._select_list()}{err} FROM {src} WHERE {cond}"
+        sql = f"SELECT {ts} AS {TAU}, {level} AS {LEVEL}, {self._select_list()}{err} FROM {src}{where}"
         if self.cq.r2s != "ISTREAM":
             sql = f"SELECT * FROM ({sql}) WHERE {ERR} IS NOT NULL"  # DSTREAM: only the failures matter
-        return self._finish(self._sql(sql).toArrow())
+        return self._query(sql, self._rows_only)
 
     # ------------------------------------------------------- STATE (running)
     def _execute_state(self) -> tuple[pa.Table, pa.Table | None, tuple[int, str] | None]:
@@ -609,20 +837,18 @@ class _Run:
             raise EngineError("chunk carries a state without state_upto")
         if upto is not None and self.evals[0] < upto:
             raise EngineError(f"cannot evaluate instant {self.evals[0]} from a state as of {upto}")
-        src, cols = self._load(0, self._needed()[0], ts_after=None if upto is None else int(upto))
+        # only tuples after the state and not after the last instant (the others are in no window)
+        src, cols = self._load(0, self._needed()[0], ts_after=_LONG_MIN if upto is None else int(upto))
         ts = _col(0, "ts")
-        conds = [] if upto is None else [f"{ts} > {int(upto)}"]
         where = self._filter(self.where_parts)
-        if where:
-            conds.append(where)
-        where = f" WHERE {' AND '.join(conds)}" if conds else ""
+        where = f" WHERE {where}" if where else ""
         # partials per (ts, group), then per evaluation instant τ over all ts ≤ τ, plus the state
         pre = self._cte("pre", self._aggregate_sql(f"{src}{where}", ts, _col(0, MASK), tau_alias="_t"))
         keys = self._group_names()
         vals = [ROWS, MASK] + [p.name for p in self._partials()]
         err = [ERR] if self.row_err else []
         kv = [ident(c) for c in keys + vals]
-        branches = [membership_sql(pre, kv + err, "_t", None, self.evals)]
+        branches = [membership_sql(pre, kv + err, "_t", None, self.evals, pruned=True)]
         if state is not None and state.num_rows:
             state = _upgrade_state(state, self._partials())
             missing = [c for c in keys + vals if c not in state.column_names]
@@ -638,13 +864,16 @@ class _Run:
         last = self.instants[-1]
         a = f"SELECT 0 AS {PART}, {', '.join(out_cols)}, {', '.join(f'NULL AS s_{c}' for c in keys + vals)} FROM {out}"
         b = (f"SELECT 1 AS {PART}, {', '.join(f'NULL AS {c}' for c in out_cols)}, "
-             f"{', '.join(f'{ident(c)} AS s_{c}' for c in keys + vals)} FROM {merged} WHERE {TAU} = {last}")
-        tbl = self._sql(f"{a} UNION ALL {b}").toArrow()
+             f"{', '.join(f'{ident(c)} AS s_{c}' for c in keys + vals)} FROM {merged} "
+             f"WHERE {in_instants_sql(TAU, [last])}")
+        return self._query(f"{a} UNION ALL {b}", lambda tbl: self._state_result(tbl, keys + vals))
+
+    def _state_result(self, tbl: pa.Table, names: list[str]):
         part = tbl.column(PART)
         rows, failure = self._finish(tbl.filter(pc.equal(part, 0)))
         if failure is not None:
             return rows, None, failure
-        new_state = tbl.filter(pc.equal(part, 1)).select([f"s_{c}" for c in keys + vals]).rename_columns(keys + vals)
+        new_state = tbl.filter(pc.equal(part, 1)).select([f"s_{c}" for c in names]).rename_columns(names)
         return rows, new_state.combine_chunks(), None
 
     # --------------------------------------------------------------- aggregate
@@ -684,10 +913,12 @@ class _Run:
             if kind in kinds[k]
         ]
 
-    def _aggregate_sql(self, from_where: str, tau: str, mask: str, tau_alias: str = TAU) -> str:
-        """Partials per (τ, group keys) of the rows of ``FROM from_where`` (plus ``_err``, the
-        smallest failing row site, when WHERE, a key or an argument can fail)."""
-        cols = [f"{tau} AS {tau_alias}"]
+    def _aggregate_sql(self, from_where: str, tau: str, mask: str, tau_alias: str = TAU,
+                       extra: list[tuple[str, str]] = ()) -> str:
+        """Partials per (τ, extra keys, group keys) of the rows of ``FROM from_where`` (plus
+        ``_err``, the smallest failing row site, when WHERE, a key or an argument can fail);
+        ``extra`` are (SQL, alias) pairs grouped by after τ."""
+        cols = [f"{tau} AS {tau_alias}"] + [f"{x} AS {alias}" for x, alias in extra]
         cols += [f"{p.sql} AS {n}" for p, n in zip(self.key_parts, self._group_names())]
         cols += [f"count(1) AS {ROWS}", f"bit_or({mask}) AS {MASK}"]
         args = [p.sql for p in self.arg_parts]
@@ -696,7 +927,7 @@ class _Run:
         cols += [f"{fn[p.kind].format(args[p.arg])} AS {p.name}" for p in self._partials()]
         if self.row_err:
             cols.append(f"min({self._err_case(self.where_parts + self.key_parts + self.arg_parts)}) AS {ERR}")
-        groups = ", ".join(str(k + 1) for k in range(1 + len(self.q.group_by)))
+        groups = ", ".join(str(k + 1) for k in range(1 + len(extra) + len(self.q.group_by)))
         return f"SELECT {', '.join(cols)} FROM {from_where} GROUP BY {groups}"
 
     def _merge_sql(self, source: str) -> str:
@@ -800,22 +1031,21 @@ class _Run:
         err = f", {ERR}" if self.checked else ""
         lvl = self._cte("lv", f"SELECT {TAU}, {level_of_mask(self.lattice, MASK)} AS {LEVEL}, {outs}{err} FROM {rel}")
         cols = f"{TAU}, {LEVEL}, {outs}{err}"
-        only = f" WHERE {TAU} IN ({', '.join(str(t) for t in self.instants)})"
+        # the instants appear only as array/map literals: the same generated code for every chunk
+        only = f" WHERE {in_instants_sql(TAU, self.instants)}"
         extra = len(self.evals) != len(self.instants)
         cur = f"SELECT {cols} FROM {lvl}{only if extra else ''}"
         if not self.diff:
             return cur
         order = self.evals  # ascending; prev_instant first when present
         succ = {order[k]: order[k + 1] for k in range(len(order) - 1)}
-        keys = ", ".join(str(t) for t in succ)
-        case = " ".join(f"WHEN {a} THEN CAST({b} AS BIGINT)" for a, b in succ.items())
-        shift = f"(CASE {TAU} {case} END)" if succ else "CAST(NULL AS BIGINT)"
+        shift = successor_sql(TAU, succ)
         if self.cq.r2s == "DSTREAM" and self.checked:
-            where = f"{TAU} IN ({keys}) OR {ERR} IS NOT NULL" if succ else f"{ERR} IS NOT NULL"
+            where = f"{in_instants_sql(TAU, list(succ))} OR {ERR} IS NOT NULL" if succ else f"{ERR} IS NOT NULL"
             shifted = (f"SELECT (CASE WHEN {ERR} IS NOT NULL THEN {TAU} ELSE {shift} END) AS {TAU}, {LEVEL}, "
                        f"{outs}, (- {ERR}) AS {ERR} FROM {lvl} WHERE {where}")
         elif succ:
-            shifted = f"SELECT {shift} AS {TAU}, {LEVEL}, {outs}{err} FROM {lvl} WHERE {TAU} IN ({keys})"
+            shifted = f"SELECT {shift} AS {TAU}, {LEVEL}, {outs}{err} FROM {lvl} WHERE {in_instants_sql(TAU, list(succ))}"
         else:
             shifted = f"SELECT {cols} FROM {lvl} WHERE FALSE"
         if self.cq.r2s == "ISTREAM":

@@ -8,14 +8,35 @@ left to Spark at all: the engine checks every integer ``+ - *`` and SUM itself a
 reports it as the query's failure, see ``engine.py``) and a driver bound to
 the loopback interface on ephemeral ports.  The master URL is configurable so
 that a worker can submit to a real Spark cluster instead of ``local[N]``.
+
+The driver JVM (started by the first :func:`get_session` of a process) runs with
+:data:`JAVA_OPTIONS`, chosen for short jobs on few cores and measured in
+``docs/benchmarks/engine.md``: C1 only (``-XX:TieredStopAtLevel=1``: the C2
+compiler's background compilations cost more CPU than a worker's short jobs win
+back) and the serial collector (one core, small heap).  It also maps an AppCDS
+archive of the classes a worker loads (:func:`cds_options`), which halves the
+CPU of starting a session.  Java 17 cannot create one on the fly, so a worker that
+finds none starts :func:`build_archive` in a detached background process at the
+lowest CPU priority: it starts a session with ``-XX:ArchiveClassesAtExit``, runs
+the warm-up chunks, exits (the JVM writes the archive) and moves the archive into
+the cache; the next start maps it.  ``python -m strata.worker.spark --build-archive``
+does the same in the foreground (a set-up step).  ``STRATA_JAVA_OPTS`` replaces the
+options, ``STRATA_CDS=0`` turns the archive off, ``STRATA_CACHE_DIR`` moves the cache
+(default ``$XDG_CACHE_HOME/strata`` or ``~/.cache/strata``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import threading
+from pathlib import Path
 
-__all__ = ["get_session", "DEFAULT_CONF", "LOCAL_CONF"]
+__all__ = ["get_session", "DEFAULT_CONF", "LOCAL_CONF", "JAVA_OPTIONS", "java_options", "cds_options",
+           "cache_dir", "build_archive"]
+
+log = logging.getLogger("strata.worker.spark")
 
 #: settings applied to every session (``conf`` passed to get_session overrides them)
 DEFAULT_CONF: dict[str, str] = {
@@ -35,10 +56,23 @@ DEFAULT_CONF: dict[str, str] = {
     # task serializer copy around row by row; an RDD of Arrow batches was as fast for
     # small chunks and several times faster (and far leaner) for 100k+ rows.
     "spark.sql.execution.arrow.localRelationThreshold": "0",
+    # createDataFrame(Arrow table) makes one partition (one task) per record batch of at most
+    # this many rows; Spark's default (10,000) turned a 680k-row chunk into 68 tasks whose
+    # scheduling cost 3-4x the work.  The engine cuts its tables into one batch per core itself.
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000000",
+    # per-statement planning work a chunk does not need (each measured at -4..-8 % of a warm
+    # chunk's CPU, docs/benchmarks/engine.md): inferring filters from constraints (the engine's
+    # plans have no redundant joins to prune) and the formatted plan text every execution
+    # records for the (disabled) UI
+    "spark.sql.constraintPropagation.enabled": "false",
+    "spark.sql.ui.explainMode": "simple",
     # only effective when this call starts the JVM; chunks of several 100k rows need >1g
     "spark.driver.memory": "2g",
     "spark.port.maxRetries": "64",
 }
+
+#: JVM options of the driver (docs/benchmarks/engine.md): C1 only, serial collector
+JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 #: loggers whose warnings are expected in normal operation
 _QUIET_LOGGERS = ("org.apache.spark.sql.execution.window.WindowExec",)
@@ -50,18 +84,196 @@ LOCAL_CONF: dict[str, str] = {
 }
 
 _lock = threading.Lock()
+#: set by :func:`build_archive`: the file this process's JVM writes the archive to at exit
+_dump_to: Path | None = None
 
 
-def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf: dict | None = None):
+def java_options() -> list[str]:
+    """The driver's JVM options: ``STRATA_JAVA_OPTS`` if set (split on spaces), else :data:`JAVA_OPTIONS`."""
+    env = os.environ.get("STRATA_JAVA_OPTS")
+    return env.split() if env is not None else list(JAVA_OPTIONS)
+
+
+def cache_dir() -> Path:
+    """Where the worker keeps what survives it (the CDS archive)."""
+    env = os.environ.get("STRATA_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "strata"
+
+
+def _spark_home() -> Path | None:
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        return Path(_find_spark_home())
+    except Exception:  # noqa: BLE001 - no archive then
+        return None
+
+
+def _java_binary() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return (Path(home) / "bin" / "java").resolve()
+    import shutil
+
+    found = shutil.which("java")
+    return Path(found).resolve() if found else None
+
+
+def _cds_key(options: list[str]) -> str | None:
+    """Identifies what an archive is valid for: the JVM, Spark's jars and the JVM options."""
+    java, home = _java_binary(), _spark_home()
+    if java is None or home is None or not (home / "jars").is_dir():
+        return None
+    h = hashlib.sha256()
+    st = java.stat()
+    h.update(f"{java}:{st.st_size}:{int(st.st_mtime)}\0".encode())
+    for jar in sorted((home / "jars").iterdir()):
+        st = jar.stat()
+        h.update(f"{jar.name}:{st.st_size}:{int(st.st_mtime)}\0".encode())
+    h.update(" ".join(options).encode())
+    return h.hexdigest()[:20]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _archive_paths(options: list[str]) -> tuple[Path, Path, Path] | None:
+    """(archive, lock, directory) for these JVM options, or None when no archive applies."""
+    if os.environ.get("STRATA_CDS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    key = _cds_key(options)
+    if key is None:
+        return None
+    d = cache_dir() / "cds"
+    return d / f"spark-{key}.jsa", d / f"spark-{key}.lock", d
+
+
+def _take_lock(lock: Path) -> bool:
+    """Create ``lock`` holding this pid (taking over one left by a dead process)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and _alive(holder):
+                return False
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def cds_options(options: list[str], build: bool = False) -> list[str]:
+    """JVM options that map the AppCDS archive for ``options`` (``-Xshare:auto``: a stale or
+    damaged archive is ignored by the JVM, never fatal), or none when there is no archive yet.
+
+    ``build``: when there is none, start :func:`build_archive` in a detached background
+    process at the lowest CPU priority (unless one is already running); it loads what a
+    worker loads (a session and the warm-up chunks), writes the archive as its JVM exits and
+    moves it into place, so the next start maps it.  Workers pass ``build=True``.
+    """
+    paths = _archive_paths(options)
+    if paths is None:
+        return []
+    final, lock, _ = paths
+    if final.is_file() and final.stat().st_size > 0:
+        return [f"-XX:SharedArchiveFile={final}", "-Xshare:auto", *_QUIET_CDS]
+    if build:
+        try:
+            if _take_lock(lock):
+                lock.unlink()  # the builder takes it itself
+                import subprocess
+                import sys
+
+                subprocess.Popen([sys.executable, "-m", "strata.worker.spark", "--build-archive"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=lambda: os.nice(19), env=dict(os.environ))
+        except OSError as e:  # read-only or full cache: run without
+            log.info("no CDS archive: %s", e)
+    return []
+
+
+#: no CDS warnings on the worker's stdout (a stale archive is simply not used)
+_QUIET_CDS = ("-Xlog:cds*=off",)
+
+
+def build_archive(timeout: float = 600.0) -> Path | None:
+    """Write the AppCDS archive for :func:`java_options` (this process's JVM dumps it at exit):
+    a session, the warm-up chunks, then the JVM's exit.  Returns the archive, or None if
+    another process is writing it or it could not be written."""
+    global _dump_to
+    opts = java_options()
+    paths = _archive_paths(opts)
+    if paths is None:
+        return None
+    final, lock, d = paths
+    if not _take_lock(lock):
+        return None
+    tmp = d / f"{final.name}.{os.getpid()}"
+    try:
+        for old in d.glob(f"{final.name}.*"):
+            old.unlink(missing_ok=True)
+        _dump_to = tmp
+        session = get_session(master="local[1]", app_name="strata-cds")
+        try:
+            from strata.examples import BATTLEFIELD_TOML
+            from strata.config import parse_config
+
+            from .engine import Engine
+            from .server import warm_up
+
+            cfg = parse_config(BATTLEFIELD_TOML)
+            warm_up(Engine(session, cfg), cfg, cfg.lattice.levels[-1], budget=float("inf"), rounds=1)
+        except Exception as e:  # noqa: BLE001 - the session's classes alone are worth archiving
+            log.info("warm-up for the archive failed: %s", e)
+        from pyspark import SparkContext
+
+        proc = getattr(SparkContext._gateway, "proc", None)
+        if proc is None:
+            return None
+        proc.stdin.close()  # the gateway exits on EOF: System.exit writes the archive
+        proc.wait(timeout=timeout)
+        if proc.returncode == 0 and tmp.is_file() and tmp.stat().st_size > 0:
+            os.replace(tmp, final)
+            return final
+        return None
+    finally:
+        tmp.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+
+
+def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf: dict | None = None,
+                build_cds: bool = False):
     """The process's SparkSession (created on first call, then reused).
 
     ``master`` may be ``local[N]`` (driver bound to 127.0.0.1, ephemeral
     ports) or a cluster URL (``spark://host:7077``; set ``spark.driver.host``
     in ``conf`` to an address the executors can reach); ``conf`` adds or
-    overrides Spark settings.  A second call returns the same
-    session; its runtime-settable SQL options in ``conf`` are applied to it.
+    overrides Spark settings (``spark.driver.extraJavaOptions`` there replaces
+    :func:`java_options` and the archive).  ``build_cds``: start building the
+    CDS archive in the background if there is none (:func:`cds_options`).  A second
+    call returns the same session; its runtime-settable SQL options in ``conf`` are
+    applied to it.
     """
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     settings = dict(DEFAULT_CONF)
@@ -78,6 +290,13 @@ def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf:
     if conf:
         settings.update({k: str(v) for k, v in conf.items()})
     with _lock:
+        if SparkContext._active_spark_context is None and "spark.driver.extraJavaOptions" not in (conf or {}):
+            opts = java_options()
+            if _dump_to is not None:
+                extra = [f"-XX:ArchiveClassesAtExit={_dump_to}", *_QUIET_CDS]
+            else:
+                extra = cds_options(opts, build=build_cds)
+            settings["spark.driver.extraJavaOptions"] = " ".join(opts + extra)
         active = SparkSession.getActiveSession()
         builder = SparkSession.builder.master(master).appName(app_name)
         for k, v in settings.items():
@@ -104,3 +323,22 @@ def _quiet(session) -> None:
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
     except Exception:  # a different logging backend: keep its warnings
         pass
+
+
+def main(argv=None) -> int:
+    """``python -m strata.worker.spark --build-archive``: write the CDS archive now (a set-up step;
+    workers otherwise start it in the background when they find none)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="the worker's Spark session")
+    ap.add_argument("--build-archive", action="store_true", help="write the AppCDS archive for the JVM options")
+    args = ap.parse_args(argv)
+    if args.build_archive:
+        logging.basicConfig(level=logging.INFO)
+        out = build_archive()
+        print(out if out is not None else "no archive written (another process is writing it, or CDS is off)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

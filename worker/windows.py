@@ -36,7 +36,7 @@ from strata.mlscql import ast as A
 
 __all__ = [
     "TAU", "FOREVER", "end_sql", "end_array", "useful_rows",
-    "membership_sql", "instants_sql",
+    "membership_sql", "instants_sql", "in_instants_sql", "successor_sql",
 ]
 
 TAU = "_tau"
@@ -127,28 +127,48 @@ def useful_rows(ts: np.ndarray, end: np.ndarray, instants: list[int]) -> np.ndar
 
 
 def instants_sql(instants: list[int]) -> str:
+    """An ARRAY<BIGINT> literal of ``instants``.
+
+    Catalyst folds it into one array-valued literal, which generated code reads from its
+    references array: unlike a BIGINT literal it never appears in the Java source, so a
+    statement that names the instants only through such arrays compiles to the same code
+    for every chunk (the code generator's cache then skips the compile).
+    """
     return "array(" + ", ".join(f"CAST({int(t)} AS BIGINT)" for t in instants) + ")"
 
 
-def membership_sql(source: str, columns: list[str], ts: str, end: str | None, instants: list[int]) -> str:
+def in_instants_sql(column: str, instants: list[int]) -> str:
+    """``column IN (instants…)`` written so that the generated code does not depend on the instants."""
+    return f"array_contains({instants_sql(sorted(set(int(t) for t in instants)))}, {column})"
+
+
+def successor_sql(column: str, pairs: dict[int, int]) -> str:
+    """The image of ``column`` under the map ``pairs`` (NULL outside it), instants-independent code."""
+    if not pairs:
+        return "CAST(NULL AS BIGINT)"
+    keys, vals = zip(*sorted(pairs.items()))
+    return f"element_at(map_from_arrays({instants_sql(keys)}, {instants_sql(vals)}), {column})"
+
+
+def membership_sql(source: str, columns: list[str], ts: str, end: str | None, instants: list[int],
+                   pruned: bool = False) -> str:
     """A query over ``source`` giving ``columns`` plus ``_tau`` for each τ with ``ts ≤ τ < end``.
 
     A row in no window is dropped; a row in k windows appears k times.
-    ``end`` may be a window function (``end_sql``); NULL means ∞.
+    ``end`` may be a window function (``end_sql``); NULL means ∞.  ``pruned``: every row of
+    ``source`` is known to be in at least one window (``useful_rows`` dropped the others), so
+    no filter before the explode is needed.  The instants appear only as an array literal, so
+    the statement's generated code is the same for every chunk (see :func:`instants_sql`).
     """
     ins = sorted(set(int(t) for t in instants))
     cols = ", ".join(columns)
     lo, hi = ins[0], ins[-1]
     if end is not None:
-        source = f"(SELECT {cols}, {end} AS {END} FROM {source})"
+        source = f"(SELECT *, {end} AS {END} FROM {source})"
         keep = f"{ts} <= {hi} AND ({END} IS NULL OR {END} > {lo})"
+        member = f"filter({instants_sql(ins)}, _lv -> _lv >= {ts} AND ({END} IS NULL OR _lv < {END}))"
     else:
         keep = f"{ts} <= {hi}"
-    if len(ins) == 1:
-        return f"SELECT {cols}, CAST({lo} AS BIGINT) AS {TAU} FROM {source} WHERE {keep}"
-    if end is None:
         member = f"filter({instants_sql(ins)}, _lv -> _lv >= {ts})"
-    else:
-        member = f"filter({instants_sql(ins)}, _lv -> _lv >= {ts} AND ({END} IS NULL OR _lv < {END}))"
-    return f"SELECT {cols}, explode({member}) AS {TAU} FROM {source} WHERE {keep}"
-
+    where = "" if pruned else f" WHERE {keep}"
+    return f"SELECT {cols}, explode({member}) AS {TAU} FROM {source}{where}"

@@ -83,26 +83,30 @@ class ResultBatch(_message.Message):
     def __init__(self, query_id: _Optional[str] = ..., first_ts: _Optional[int] = ..., last_ts: _Optional[int] = ..., arrow: _Optional[bytes] = ..., end: _Optional[bool] = ..., error: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class IngestBatch(_message.Message):
-    __slots__ = ("stream", "arrow", "labelled")
+    __slots__ = ("stream", "arrow", "labelled", "advance_upto")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ARROW_FIELD_NUMBER: _ClassVar[int]
     LABELLED_FIELD_NUMBER: _ClassVar[int]
+    ADVANCE_UPTO_FIELD_NUMBER: _ClassVar[int]
     stream: str
     arrow: bytes
     labelled: bool
-    def __init__(self, stream: _Optional[str] = ..., arrow: _Optional[bytes] = ..., labelled: _Optional[bool] = ...) -> None: ...
+    advance_upto: int
+    def __init__(self, stream: _Optional[str] = ..., arrow: _Optional[bytes] = ..., labelled: _Optional[bool] = ..., advance_upto: _Optional[int] = ...) -> None: ...
 
 class IngestReply(_message.Message):
-    __slots__ = ("accepted", "dropped_by_shepherd", "rejected", "error")
+    __slots__ = ("accepted", "dropped_by_shepherd", "rejected", "error", "chunks")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_BY_SHEPHERD_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     dropped_by_shepherd: int
     rejected: int
     error: str
-    def __init__(self, accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., rejected: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    chunks: int
+    def __init__(self, accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., rejected: _Optional[int] = ..., error: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class AdvanceRequest(_message.Message):
     __slots__ = ("upto_ts", "finish")
@@ -119,7 +123,7 @@ class AdvanceReply(_message.Message):
     def __init__(self, chunks: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("sid", "cpu", "pid", "state", "chunks_done", "in_flight", "seen_levels", "refused")
+    __slots__ = ("sid", "cpu", "pid", "state", "chunks_done", "in_flight", "seen_levels", "refused", "identity_key")
     class SeenLevelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +146,7 @@ class WorkerStatus(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     SEEN_LEVELS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     sid: str
     cpu: float
     pid: int
@@ -150,7 +155,8 @@ class WorkerStatus(_message.Message):
     in_flight: int
     seen_levels: _containers.ScalarMap[str, int]
     refused: _containers.ScalarMap[str, int]
-    def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    identity_key: bytes
+    def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ..., identity_key: _Optional[bytes] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings", "user", "roles", "queries", "cluster", "last_chunk_error")

@@ -1,0 +1,465 @@
+"""Adaptive chunking (issue 13): merging ready chunks into one dispatch unit never changes the answer.
+
+The master cuts chunks of ``chunk_instants`` as instants close and, when several
+wait for a worker, sends consecutive ones as one merged chunk
+(``chunking.chunker.merge_chunks``), then splits the reply back per chunk
+(``split_result``).  Here the merge decisions are random: random unit sizes at
+every dispatch, input closed at random instants between dispatches (so chunks
+are cut while others are in flight and running states travel between them),
+units answered in a random order by 1-3 Spark engines (sharing on or off, ROWS
+pruning as on the wire or not), some failing and retried, some taken back from
+a worker that "vanished" and answered late anyway.  What the master releases
+per query must equal the reference evaluator on every instant, failures
+included (the same failing instant).
+
+Plus plain checks of the pieces: merged chunks carry the first chunk's legacy,
+``prev_instant`` and state; split results put rows, states and failures in the
+right chunk; the dispatcher's credits and its reading of external load.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from strata.chunking.chunker import Chunker, merge_chunks, split_result
+from strata.chunking.model import ChunkResult
+from strata.config import parse_config
+from strata.master.core import MasterCore
+from strata.master.dispatch import Dispatcher
+from strata.mlscql import compile_query
+
+from .reference.evaluator import compare_results, evaluate_outcome
+from .strategies import example_settings, multistream, queries
+from .tables import inputs_of, rows_of
+
+EXAMPLES, SETTINGS = example_settings("STRATA_ADAPTIVE_EXAMPLES", 25)
+
+LEDGER_TOML = """
+[lattice]
+levels = ["U", "C", "S", "TS"]
+
+[streams.Trades]
+acct = "string"
+qty = "long"
+px = "double"
+at = "timestamp"
+"""
+
+
+# ---- the differential property ------------------------------------------------------------------
+class _Harness:
+    """Drives a MasterCore as the dispatch loop and the workers would, with random decisions."""
+
+    def __init__(self, core: MasterCore, executors, compiled: dict, rnd: random.Random, prune: bool,
+                 fail: float, vanish: float):
+        self.core, self.executors, self.compiled, self.rnd = core, executors, compiled, rnd
+        self.prune, self.fail, self.vanish = prune, fail, vanish
+        self.in_flight: list = []  # (unit chunk, sid)
+        self.stale: list = []  # units taken back from a vanished worker, answered late
+        self.units = self.merged = 0
+
+    def dispatch(self) -> None:
+        for chunk, sid in self.core.assignments():
+            self.units += 1
+            self.merged += len(self.core._units.get(chunk.chunk_id, ())) > 1
+            self.in_flight.append((chunk, sid))
+
+    def answer(self, chunk, sid, late: bool = False) -> None:
+        sent = chunk
+        if self.prune:
+            from strata.chunking.prune import prune_chunk
+
+            sent = prune_chunk(chunk, self.compiled)
+        ex = self.executors[self.rnd.randrange(len(self.executors))]
+        results = ex.run(self.compiled, sent.queries)
+        for qc, r in zip(sent.queries, results):
+            assert r.query_id == qc.query_id and r.chunk_id == chunk.chunk_id
+        span = (chunk.first_ts, chunk.last_ts)
+        # the real dispatch loop always names the span; without it a late reply must fit one chunk
+        self.core.on_result(chunk.chunk_id, sid, results, span=span if late or self.rnd.random() < 0.8 else None)
+
+    def step(self) -> None:
+        self.dispatch()
+        self.rnd.shuffle(self.in_flight)
+        n = self.rnd.randint(0, len(self.in_flight))
+        for chunk, sid in self.in_flight[:n]:
+            roll = self.rnd.random()
+            if roll < self.fail:  # an error reply: one failed attempt, the chunks go back
+                self.core.on_failure(chunk.chunk_id, sid, reason="boom", kind="UNKNOWN")
+            elif roll < self.fail + self.vanish:  # the worker vanished: all its units go back
+                self.core.on_failure(chunk.chunk_id, sid, drop_worker=True)
+                gone = [x for x in self.in_flight[n:] if x[1] == sid]
+                self.stale += [(chunk, sid)] + gone
+                self.in_flight[n:] = [x for x in self.in_flight[n:] if x[1] != sid]
+                self.core.heartbeat(sid, 0.0)
+            else:
+                self.answer(chunk, sid)
+        del self.in_flight[:n]
+        if self.stale and self.rnd.random() < 0.5:
+            chunk, sid = self.stale.pop(self.rnd.randrange(len(self.stale)))
+            self.answer(chunk, sid, late=True)
+
+    def drain(self) -> None:
+        for _ in range(10_000):
+            self.dispatch()
+            if not self.in_flight and not self.core._ready and not self.core.pipeline.chunks:
+                return
+            self.step()
+        raise AssertionError("the master never drained")
+
+
+def _run(config, level, texts, streams, executors, k, rnd, prune, fail, vanish):
+    core = MasterCore(config, level, chunk_instants=k, max_in_flight=rnd.randint(1, 3), chunk_retries=10**6)
+    sizes = []
+    greedy = rnd.random() < 0.5  # half the examples merge everything that is ready
+
+    def random_size(ready: int, free: int) -> int:
+        n = ready if greedy else rnd.choice([1, ready, ready, rnd.randint(1, max(1, ready)), -(-ready // max(1, free))])
+        sizes.append(n)
+        return n
+
+    core._unit_size = random_size  # the decision under test: any merge must give the same answer
+    core.max_unit_rows = rnd.choice([10**9, 10**9, 10**9, 5])
+    for w in range(rnd.randint(1, 3)):
+        core.heartbeat(f"w{w}", 0.0)
+    regs = core.register("ana", texts)
+    compiled = dict(core.pipeline.queries)
+    h = _Harness(core, executors, compiled, rnd, prune, fail, vanish)
+    tables = inputs_of(config, streams)
+    instants = sorted({r["ts"] for rows in streams.values() for r in rows})
+    sent = {s: 0 for s in tables}
+    for tau in instants:
+        if rnd.random() < 0.7 and tau != instants[-1]:
+            continue
+        for s, t in tables.items():  # everything up to tau, in one or two batches
+            ts = t.column("ts").to_pylist()
+            end = sum(1 for x in ts if x <= tau)
+            if end > sent[s]:
+                cut = rnd.randint(sent[s], end)
+                for a, b in ((sent[s], cut), (cut, end)):
+                    if b > a:
+                        core.ingest(s, t.slice(a, b - a), None)
+                sent[s] = end
+        core.advance(upto_ts=tau)
+        for _ in range(rnd.choice([0, 0, 1, 2])):
+            h.step()
+    core.advance(finish=True)
+    h.drain()
+    while h.stale:  # late replies after everything was released: ignored
+        h.answer(*h.stale.pop(), late=True)
+    event(f"units merged: {'some' if h.merged else 'none'}")
+    out = {}
+    for r in regs:
+        info = core.queries[r.query_id]
+        assert info.ended, (r.query_id, info.state)
+        rows = [row for rel in info.results for row in rows_of(rel.rows)]
+        error_ts = info.revoked_after + 1 if info.state == "failed" else None
+        out[r.query_id] = (rows, error_ts, info.error)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ledger():
+    return parse_config(LEDGER_TOML)
+
+
+@pytest.fixture(scope="module")
+def engines(spark, battlefield, chinese_wall, ledger):
+    from strata.worker.engine import Engine
+
+    return {id(c): [Engine(spark, c) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
+
+
+def _check(config, engines, data, n_queries, extremes: float = 0.0):
+    from strata.worker.shared import SharedExecutor
+
+    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
+    texts = [data.draw(queries(config, level, extremes=extremes > 0), label=f"query{i}") for i in range(n_queries)]
+    streams = data.draw(multistream(config, extremes=extremes, max_instants=10), label="streams")
+    k = data.draw(st.sampled_from([1, 1, 2, 3]), label="chunk_instants")
+    n = data.draw(st.integers(1, 3), label="engines")
+    sharing = data.draw(st.booleans(), label="sharing")
+    prune = data.draw(st.booleans(), label="prune ROWS windows as on the wire")
+    fail = data.draw(st.sampled_from([0.0, 0.0, 0.15]), label="error replies")
+    vanish = data.draw(st.sampled_from([0.0, 0.0, 0.1]), label="vanishing workers")
+    rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
+    executors = [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
+    out = _run(config, level, texts, streams, executors, k, rnd, prune, fail, vanish)
+    for i, text in enumerate(texts):
+        expected = evaluate_outcome(text, config, level, streams)
+        rows, error_ts, error = out[f"q{i + 1}"]
+        event("query fails" if expected.error else "query does not fail")
+        assert error_ts == expected.error_ts, (
+            f"{text}: fails at {error_ts} ({error}); the reference fails at {expected.error_ts} ({expected.error})")
+        compare_results(rows, expected.rows)
+
+
+@pytest.mark.spark
+@SETTINGS
+@given(data=st.data())
+def test_battlefield_random_merges_equal_reference(battlefield, engines, data):
+    _check(battlefield, engines, data, n_queries=data.draw(st.integers(1, 3), label="n_queries"))
+
+
+@pytest.mark.spark
+@settings(SETTINGS, max_examples=max(5, EXAMPLES // 2))
+@given(data=st.data())
+def test_chinese_wall_random_merges_equal_reference(chinese_wall, engines, data):
+    _check(chinese_wall, engines, data, n_queries=data.draw(st.integers(1, 2), label="n_queries"))
+
+
+@pytest.mark.spark
+@settings(SETTINGS, max_examples=max(5, EXAMPLES // 2))
+@given(data=st.data())
+def test_failing_queries_fail_at_the_same_instant_whatever_the_merges(ledger, engines, data):
+    """64-bit values near the limits: queries fail at various instants, inside merged units too."""
+    _check(ledger, engines, data, n_queries=data.draw(st.integers(1, 3), label="n_queries"), extremes=0.6)
+
+
+# ---- the pieces, plainly --------------------------------------------------------------------------
+def _vitals(ts, levels=None, bp=None):
+    n = len(ts)
+    return pa.table({"ts": pa.array(ts, pa.int64()), "level": levels or ["S"] * n, "sid": ["a"] * n,
+                     "bp": bp if bp is not None else [float(i) for i in range(n)], "pr": [1.0] * n,
+                     "weight": [1.0] * n})
+
+
+def test_merged_chunk_is_the_first_legacy_then_every_new_tuple(battlefield):
+    texts = {"q1": "SELECT COUNT(*) FROM Vitals [ROWS 2]",
+             "q2": "ISTREAM(SELECT bp FROM Vitals [RANGE 2 seconds])",
+             "q3": "SELECT SUM(bp) FROM Vitals"}
+    ch = Chunker(battlefield, {q: compile_query(t, battlefield, "S") for q, t in texts.items()})
+    ch.push("Vitals", _vitals([1, 1, 2, 3, 3, 5], bp=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    first = ch.close(1)
+    rest = ch.close(5)
+    assert [c.chunk_id for c in rest] == [2, 3, 5]  # no visible instant at 4: nothing cut
+    m = merge_chunks(rest)
+    assert (m.chunk_id, m.first_ts, m.last_ts) == (2, 2, 5)
+    for qc in m.queries:
+        head = rest[0].queries[[q.query_id for q in rest[0].queries].index(qc.query_id)]
+        assert qc.instants == [2, 3, 5] and qc.prev_instant == head.prev_instant == 1
+        assert (qc.state, qc.state_upto) == (head.state, head.state_upto)
+        bp = qc.items[0].column("bp").to_pylist()
+        legacy = head.items[0].column("bp").to_pylist()[:-1]  # chunk 2's legacy, then its new tuple 3.0
+        assert bp == legacy + [3.0, 4.0, 5.0, 6.0]
+    assert [c.chunk_id for c in first] == [1] and merge_chunks(first) is first[0]
+
+
+def test_split_result_routes_rows_states_and_failures(battlefield):
+    ch = Chunker(battlefield, {"q1": compile_query("SELECT SUM(bp) FROM Vitals", battlefield, "S"),
+                               "q2": compile_query("SELECT bp FROM Vitals [NOW level in {U}]", battlefield, "S")})
+    ch.push("Vitals", _vitals([1, 2, 2, 4], levels=["S", "U", "S", "S"]))
+    parts = ch.close(4)
+    assert [c.chunk_id for c in parts] == [1, 2, 4]
+    rows = pa.table({"ts": pa.array([1, 2, 4], pa.int64()), "level": ["S", "S", "S"], "s": [1.0, 3.0, 6.0]})
+    state = pa.table({"s": [6.0]})
+    got = split_result(ChunkResult("q1", 1, rows, state, 5), parts)  # a state claiming the unit's end
+    assert sorted(got) == [1, 2, 4]
+    assert [got[c].rows.column("ts").to_pylist() for c in (1, 2, 4)] == [[1], [2], [4]]
+    assert got[4].state is state and got[4].state_upto == 4 and got[1].state is None
+    # q2 is only in chunk 2: one result, and a failure inside the unit stops the query there
+    only = split_result(ChunkResult("q2", 1, rows.slice(1, 1), None, None), parts)
+    assert list(only) == [2]
+    failed = split_result(ChunkResult("q1", 1, rows.slice(0, 1), error="integer overflow", error_ts=2), parts)
+    assert sorted(failed) == [1, 2] and failed[2].error_ts == 2 and failed[2].rows.num_rows == 0
+    assert failed[1].error is None and failed[1].rows.column("ts").to_pylist() == [1]
+    assert split_result(ChunkResult("q1", 1, rows.slice(0, 0), error="x", error_ts=1), parts[1:]) == {}
+
+
+def test_backlog_is_spread_over_free_slots_and_paced_chunks_go_alone(battlefield):
+    core = MasterCore(battlefield, "S")
+    core.heartbeat("w1", 0.0, slots=2)
+    core.heartbeat("w2", 0.0, slots=2)
+    core.register("ana", ["SELECT AVG(bp) FROM Vitals [ROWS 100]"])
+    core.ingest("Vitals", _vitals(list(range(1, 11))), None)
+    core.advance(upto_ts=10)  # ten ready chunks, four slots: 3, 3, 2, 2 instants
+    sent = core.assignments()
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(1, 3), (4, 6), (7, 8), (9, 10)]
+    assert sorted(s for _, s in sent) == ["w1", "w1", "w2", "w2"]
+    assert core.assignments() == []  # no credit left
+    c, sid = sent[0]
+    res = [ChunkResult(qc.query_id, c.chunk_id, pa.table({"ts": pa.array(qc.instants, pa.int64())}))
+           for qc in c.queries]
+    released = core.on_result(c.chunk_id, sid, res, span=(c.first_ts, c.last_ts))
+    assert [(r.chunk_id, r.rows.column("ts").to_pylist()) for r in released] == [(1, [1]), (2, [2]), (3, [3])]
+    core.ingest("Vitals", _vitals([11]), None)
+    core.advance(upto_ts=11)  # paced: one new chunk, a free slot: it goes at once, alone
+    assert [(c.first_ts, c.last_ts, s) for c, s in core.assignments()] == [(11, 11, sid)]
+    assert core.timings.summary().get("merged_max") == 3.0
+    core.ingest("Vitals", _vitals(list(range(12, 20))), None)
+    core.advance(upto_ts=19)  # a backlog of 8 while every slot is busy
+    assert core.assignments() == []
+    c, sid = sent[1]
+    core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
+    # the freed slot takes its share of the backlog (8 / 4 slots), not all of it
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(12, 13)]
+    c, sid = sent[2]
+    core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
+    # the next freed slot takes the same share (6 left / 4 slots would be 2 as well; 4 / 4 would be 1)
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(14, 15)]
+    c, sid = sent[3]
+    core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(16, 17)]  # not 4 / 4 = 1
+
+
+def test_a_failed_chunk_travels_alone_and_is_given_up_alone(battlefield):
+    core = MasterCore(battlefield, "S", chunk_retries=2)
+    core.heartbeat("w1", 0.0, slots=1)
+    q = core.register("ana", ["SELECT COUNT(*) FROM Vitals [NOW]"])[0].query_id
+    core.ingest("Vitals", _vitals([1, 2, 3]), None)
+    core.advance(upto_ts=3)
+    [(c, sid)] = core.assignments()
+    assert (c.first_ts, c.last_ts) == (1, 3)
+    core.on_failure(c.chunk_id, sid, reason="boom", kind="INTERNAL")  # every chunk of it: attempt 1
+    for want in (1, 2):  # each alone now: chunk 1 delivers, chunk 2 fails again and is given up
+        [(c, sid)] = core.assignments()
+        assert (c.first_ts, c.last_ts) == (want, want)
+        if want == 2:
+            core.on_failure(c.chunk_id, sid, reason="boom", kind="INTERNAL")
+        else:
+            core.on_result(c.chunk_id, sid, [ChunkResult(q, c.chunk_id, pa.table({"ts": pa.array([want], pa.int64())}))],
+                           span=(c.first_ts, c.last_ts))
+    info = core.queries[q]
+    assert info.state == "failed" and "instants 2 failed 2 times" in info.error
+    assert [t for r in info.results for t in r.rows.column("ts").to_pylist()] == [1]
+    assert core.failed_chunks == 1
+    assert core.assignments() == [] and not core.pipeline.chunks  # chunk 3 had only the stopped query
+
+
+def test_credits_and_external_load():
+    d = Dispatcher(own_window=1.0)
+    d.heartbeat("a", 0.0, now=0.0, slots=2)
+    d.assign(1, "a", now=0.0)
+    d.heartbeat("a", 100.0, now=0.5, slots=2)  # its own chunk keeps it busy: not Algorithm 5's business
+    assert d.pick() == "a" and d.free_slots() == 1
+    d.assign(2, "a", now=0.5)
+    assert d.pick() is None  # no credit left
+    d.complete(1, now=0.6)
+    d.complete(2, now=0.7)
+    d.heartbeat("a", 100.0, now=0.8, slots=2)  # the same reading again: still its own work
+    d.heartbeat("a", 95.0, now=1.2, slots=2)  # covers the time it worked for us: still its own
+    assert d.pick() == "a"
+    d.heartbeat("a", 97.0, now=2.0, slots=2)  # idle for us for a while and still loaded: something else
+    assert d.pick() is None and d.pick(starving=True) == "a"
+    d.heartbeat("b", 10.0, now=2.0, slots=1)
+    assert d.pick(starving=True) == "b"  # a worker below the threshold always wins
+    d.heartbeat("a", 5.0, now=2.5, slots=3)
+    assert d.free_slots() == 4 and d.pick() == "a"  # most free slots first
+    d.heartbeat("a", 5.0, now=3.0, slots=0)  # a worker that takes nothing now
+    assert d.pick() == "b"
+
+
+def test_a_merged_unit_that_runs_out_of_time_goes_back_uncounted_in_halves(battlefield):
+    now = [0.0]
+    core = MasterCore(battlefield, "S", clock=lambda: now[0], chunk_deadline=10.0)
+    core.heartbeat("w1", 0.0, slots=1)
+    core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 2]"])
+    core.ingest("Vitals", _vitals(list(range(1, 9))), None)
+    core.advance(upto_ts=8)
+    [(c, sid)] = core.assignments()
+    assert (c.first_ts, c.last_ts) == (1, 8) and core.deadline(c.chunk_id) == 10.0 * (1 + 0.25 * 7)
+    now[0] += 20.0
+    core.heartbeat("w1", 0.0, slots=1)
+    assert core.expire() == []  # one chunk would be overdue by now, eight merged are not
+    now[0] += 10.0
+    core.heartbeat("w1", 0.0, slots=1)
+    assert core.expire() == [1]
+    assert core._attempts == {} and core.failed_chunks == 0  # a timeout of a merged unit blames no chunk
+    [(c, sid)] = core.assignments()
+    assert (c.first_ts, c.last_ts) == (1, 4)  # half as large
+
+
+# ---- the user's path: replay/ingest close instants as they complete ----------------------------------
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 7), min_size=1, max_size=12), gaps=st.lists(st.integers(1, 4000), max_size=12),
+       other=st.integers(0, 3), rows=st.integers(1, 9), hidden=st.integers(0, 12))
+def test_instant_batches_close_only_complete_instants(battlefield, sizes, gaps, other, rows, hidden):
+    """The batches are the input in order; every advance closes only instants whose tuples were all
+    sent (across both streams), never more than the horizon past the latest kept instant."""
+    from strata.commands import _instant_batches
+
+    ts, t = [], 0
+    for i, n in enumerate(sizes):
+        t += gaps[i] if i < len(gaps) else 1
+        ts += [t] * n
+    if not ts:
+        ts = [1]
+    levels = ["TS" if i < hidden else "U" for i in range(len(ts))]  # the first rows invisible at S
+    vit = _vitals(ts, levels=levels)
+    pos_ts = ts[::max(1, len(ts) // max(1, other))] if other else []
+    pos = pa.table({"ts": pa.array(pos_ts, pa.int64()), "level": ["C"] * len(pos_ts), "sid": ["a"] * len(pos_ts),
+                    "lat": [1.0] * len(pos_ts), "lon": ["E"] * len(pos_ts)})
+    inputs = [("Vitals", vit), ("Positions", pos)]
+    out = list(_instant_batches(battlefield, inputs, "S", rows=rows))
+    for name, table in inputs:
+        got = [b for s, b, _ in out if s == name and b is not None]
+        assert (pa.concat_tables(got).column("ts").to_pylist() if got else []) == table.column("ts").to_pylist()
+    sent_max, kept_max, last_adv = {}, -1, None
+    for k, (s, b, upto) in enumerate(out):
+        assert b is None or b.num_rows <= rows
+        if b is not None and b.num_rows:
+            sent_max[s] = max(b.column("ts").to_pylist())
+            vis = [x for x, lv in zip(b.column("ts").to_pylist(), b.column("level").to_pylist()) if lv != "TS"]
+            kept_max = max([kept_max] + vis)
+        if upto is None:
+            continue
+        later = [x for s2, b2, _ in out[k + 1:] if b2 is not None for x in b2.column("ts").to_pylist()]
+        assert not later or upto < min(later)  # nothing sent later is in a closed instant
+        assert upto <= max(kept_max, 0) + battlefield.limits.advance_horizon
+        assert last_adv is None or upto > last_adv
+        last_adv = upto
+
+
+def test_embedded_clusters_honour_the_configured_load_reading():
+    from strata.commands import embedded_load_reading
+    from strata.examples import BATTLEFIELD_TOML
+
+    assert embedded_load_reading(parse_config(BATTLEFIELD_TOML)) == "process"
+    assert embedded_load_reading(parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "host"\n')) == "host"
+
+
+def test_fast_input_gathers_for_one_job_time_paced_input_goes_at_once(battlefield):
+    now = [0.0]
+    core = MasterCore(battlefield, "S", clock=lambda: now[0], linger=True)  # chunk period 1 s
+    core.heartbeat("w1", 0.0, slots=2)
+    core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 2]"])
+    core.ingest("Vitals", _vitals([1]), None)
+    core.advance(upto_ts=1)
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(1, 1)]  # one advance: at once
+    now[0] = 1.0
+    core.on_result(1, "w1", [], span=(1, 1))
+    assert core.job_seconds == pytest.approx(1.0) and core.linger_seconds() == 1.0
+    for t in range(2, 8):  # an advance every 0.1 s: input arrives faster than a job takes
+        now[0] += 0.1
+        core.ingest("Vitals", _vitals([t]), None)
+        core.advance(upto_ts=t)
+        got = [(c.first_ts, c.last_ts) for c, _ in core.assignments()]
+        assert got == ([(2, 2)] if t == 2 else [])  # the first after a pause goes at once, then gathering
+    now[0] += 0.35
+    assert core.assignments() == []  # chunk 3 has waited 0.75 s, the input may still be flowing
+    now[0] += 0.3  # ... now it has waited one job's time: its share of the backlog goes
+    sent = core.assignments()
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(3, 5)]
+    core.on_result(2, "w1", [], span=(2, 2))
+    assert core.assignments() == []  # a free slot, but chunk 6 has waited 0.75 s only
+    now[0] += 0.3
+    sent += core.assignments()
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(3, 5), (6, 7)]  # the same share of that backlog
+    now[0] += 2.0
+    for c, sid in sent:
+        core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
+    core.ingest("Vitals", _vitals([8]), None)
+    core.advance(upto_ts=8)  # paced: long after the previous advance
+    sent = core.assignments()
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(8, 8)]
+    for c, sid in sent:
+        core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
+    now[0] += 0.1
+    core.ingest("Vitals", _vitals([9]), None)
+    core.advance(finish=True)  # quick, but a finished input is never held
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(9, 9)]
