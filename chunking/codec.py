@@ -19,6 +19,8 @@ import struct
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from strata.arrowio import MAX_DECODED_BYTES, from_ipc
+
 from .model import Chunk, ChunkResult, QueryChunk
 
 __all__ = ["encode_chunk", "decode_chunk", "encode_result", "decode_result", "CodecError"]
@@ -60,6 +62,7 @@ class _Reader:
         if bytes(self.buf[:4]) != magic:
             raise CodecError(f"not an encoded {what} (bad magic {bytes(self.buf[:4])!r})")
         self.pos = 4
+        self.budget = MAX_DECODED_BYTES  # what all tables of one chunk/result may decode to together
 
     def take(self, n: int) -> memoryview:
         if self.pos + n > len(self.buf):
@@ -79,10 +82,11 @@ class _Reader:
         (n,) = _U64.unpack(self.take(8))
         raw = self.take(n)
         try:
-            with ipc.open_stream(pa.py_buffer(bytes(raw))) as r:
-                return r.read_all()
-        except pa.ArrowInvalid as e:
+            t = from_ipc(bytes(raw), max_bytes=self.budget)
+        except ValueError as e:  # malformed, or over the budget (compressed IPC is bounded too)
             raise CodecError(f"bad Arrow data in encoded {self.what}: {e}") from None
+        self.budget -= t.get_total_buffer_size()
+        return t
 
     def done(self) -> None:
         if self.pos != len(self.buf):

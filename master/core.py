@@ -63,6 +63,8 @@ MAX_INGEST_ROWS = 1_000_000  # per batch, counted on the rows the shepherd kept
 MAX_INGEST_BYTES = 64 * 1024 * 1024  # per batch (kept rows); the transport allows twice that
 DEFAULT_MAX_TS = 2**53 - 1
 DEFAULT_ADVANCE_HORIZON = 3600
+#: released rows kept per query for subscribers that resume ([limits] result_retention_rows)
+DEFAULT_RESULT_RETENTION_ROWS = 1_000_000
 #: at most this many tuples (before pruning) in a merged dispatch unit; a single chunk may be larger
 MAX_UNIT_ROWS = 1_000_000
 #: a query's state as its owner sees it
@@ -75,6 +77,10 @@ class Refused(ValueError):
     def __init__(self, message: str, reason: str):
         super().__init__(message)
         self.reason = reason
+
+
+class ResultsGone(LookupError):
+    """A subscriber asked for results the master no longer keeps (``[limits] result_retention_rows``)."""
 
 
 class NotYours(LookupError):
@@ -90,6 +96,9 @@ class QueryInfo:
     r2s: str
     columns: list[str]
     results: list[Released] = field(default_factory=list)
+    base: int = 0  # results dropped from the front (retention); cursors count from the first result ever
+    kept_rows: int = 0  # rows in ``results``
+    dropped_upto: int | None = None  # the last instant of the newest dropped result
     ended: bool = False  # no result will ever be added to ``results``
     revoked_after: int | None = None  # stopped: no result with ts above this is ever released
     state: str = "running"  # running, cancelled, failed, revoked (shown as ended once a running query ends)
@@ -153,6 +162,8 @@ class MasterCore:
         self._cut_at: dict[int, float] = {}  # chunk id -> when it was cut (ready)
         self.job_seconds: float | None = None  # moving average of a unit's round trip
         self.max_ts, self.advance_horizon = _limits(config)
+        self.result_retention_rows = int(getattr(getattr(config, "limits", None), "result_retention_rows",
+                                                 DEFAULT_RESULT_RETENTION_ROWS))
         self.starvation_seconds = 1.0
         self._blocked_since: float | None = None
         self.queries: dict[str, QueryInfo] = {}
@@ -718,6 +729,8 @@ class MasterCore:
                 continue  # stopped before this chunk
             if r.rows.num_rows:
                 info.results.append(r)
+                info.kept_rows += r.rows.num_rows
+                self._trim(info)
             upto = r.last_ts if r.error_ts is None else r.error_ts - 1
             if info.revoked_after is not None:
                 upto = min(upto, info.revoked_after)
@@ -756,17 +769,44 @@ class MasterCore:
                 info.ended = True
 
     # -- results ----------------------------------------------------------------------------------
+    def _trim(self, info: QueryInfo) -> None:
+        """Bound the results kept for resuming subscribers: drop the oldest while the query keeps more
+        than ``result_retention_rows`` rows (the newest result always stays).  A subscriber that
+        still needs a dropped one gets :class:`ResultsGone`, never a silent gap."""
+        while info.kept_rows > self.result_retention_rows and len(info.results) > 1:
+            old = info.results.pop(0)
+            info.base += 1
+            info.kept_rows -= old.rows.num_rows
+            info.dropped_upto = old.last_ts if info.dropped_upto is None else max(info.dropped_upto, old.last_ts)
+
+    def check_resume(self, qids: list[str], after_ts: int) -> None:
+        """Refuse (:class:`ResultsGone`) a subscription that resumes after ``after_ts`` when results of
+        later instants were dropped: the subscriber would miss them."""
+        with self.cond:
+            for q in qids:
+                info = self.queries[q]
+                if info.dropped_upto is not None and info.dropped_upto > after_ts:
+                    raise ResultsGone(f"query {q}: results up to instant {info.dropped_upto} are no longer kept "
+                                      f"(retention {self.result_retention_rows} rows); resume after that instant")
+
     def wait_results(self, qids: list[str], cursor: dict[str, int], timeout: float) -> tuple[list[Released], list[str]]:
-        """Results after ``cursor[qid]`` (an index into each query's results), and the queries among
-        ``qids`` that have ended with every result taken; blocks up to ``timeout``."""
+        """Results after ``cursor[qid]`` (a count of the query's results since its first, dropped
+        ones included), and the queries among ``qids`` that have ended with every result taken;
+        blocks up to ``timeout``.  A subscriber whose next result was dropped before it read it (a
+        reader slower than the retention) gets :class:`ResultsGone`."""
         deadline = self._clock() + timeout
         with self.cond:
+            for q in qids:  # a new subscriber starts at the oldest result kept
+                cursor.setdefault(q, self.queries[q].base)
             while True:
                 out, ended = [], []
                 for q in qids:
                     info = self.queries[q]
-                    out.extend(info.results[cursor.get(q, 0):])
-                    cursor[q] = len(info.results)
+                    if cursor[q] < info.base:
+                        raise ResultsGone(f"query {q}: results up to instant {info.dropped_upto} were dropped before "
+                                          f"this subscriber read them (retention {self.result_retention_rows} rows)")
+                    out.extend(info.results[cursor[q] - info.base:])
+                    cursor[q] = info.base + len(info.results)
                     if info.ended:
                         ended.append(q)
                 if out or ended:

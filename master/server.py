@@ -24,7 +24,7 @@ from strata.users import AuthError
 from strata.serving import MAX_MESSAGE, build_server, run_until_stopped
 from strata.worker.server import execute_digest
 
-from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MasterCore, NotYours, Refused
+from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MasterCore, NotYours, Refused, ResultsGone
 from .pipeline import one_line
 from .sessions import RoleError, Sessions, dominates
 
@@ -67,7 +67,7 @@ class MasterServicer(rpc.MasterServicer):
 
     def Login(self, request, context):
         try:
-            s = self.sessions.login(request.user, request.password, request.level)
+            s = self.sessions.login(request.user, request.password, request.level, peer=context.peer())
         except AuthError as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
         return pb.LoginReply(token=s.token, level=s.principal.level, master_level=self.core.level,
@@ -100,8 +100,15 @@ class MasterServicer(rpc.MasterServicer):
         cursor: dict[str, int] = {}
         after = request.resume_after_ts
         open_ids = list(qids)
+        try:
+            self.core.check_resume(open_ids, after)
+        except ResultsGone as e:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, one_line(e))
         while open_ids and context.is_active():
-            released, ended = self.core.wait_results(open_ids, cursor, timeout=0.5)
+            try:
+                released, ended = self.core.wait_results(open_ids, cursor, timeout=0.5)
+            except ResultsGone as e:  # a reader slower than the retention: told, never a silent gap
+                context.abort(grpc.StatusCode.OUT_OF_RANGE, one_line(e))
             if not released and not ended:  # idle: a revoked session's stream still ends within a second
                 self._require(context, ("analyst",), "Subscribe", token, ended=True)
             for r in released:
@@ -131,7 +138,7 @@ class MasterServicer(rpc.MasterServicer):
             try:
                 if batch.arrow or not batch.HasField("advance_upto"):
                     try:
-                        table = from_ipc(batch.arrow)
+                        table = from_ipc(batch.arrow, max_bytes=2 * MAX_INGEST_BYTES, max_rows=2 * MAX_INGEST_ROWS)
                     except (ValueError, pa.ArrowInvalid) as e:
                         self.core.count_rejected("bad_batch")
                         raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None

@@ -15,17 +15,23 @@ embedded runs a user starts for themself) has every role there.
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 
 from strata.users import ROLES, AuthError, Principal, UserStore
 
 from .store import token_digest
 
-__all__ = ["Sessions", "Session", "RoleError", "dominates"]
+__all__ = ["Sessions", "Session", "RoleError", "dominates", "MAX_USER_NAME", "LOGIN_FAILED"]
+
+#: longer names are refused at once (no user can have one: the users file allows 64 characters)
+MAX_USER_NAME = 128
+#: what every failed password check says, whether or not the user exists
+LOGIN_FAILED = "login failed: unknown user or wrong password"
 
 
 class RoleError(PermissionError):
@@ -52,12 +58,39 @@ class Session:
     created_wall: float = 0.0  # epoch seconds: compared with the user's ``sessions_after``
 
 
+def _peer_host(peer: str | None) -> str | None:
+    """The client host of a gRPC peer string (``ipv4:10.0.0.5:5555`` → ``10.0.0.5``); IPv6 by
+    its /64 (one host may hold all of it), IPv4-mapped IPv6 as the IPv4 address; other
+    transports (unix sockets) as their kind."""
+    if not peer:
+        return None
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return kind[:32]
+    addr = rest.rsplit(":", 1)[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return addr[:64]
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 class Sessions:
-    """Login level must equal the master's level; the clearance may be higher."""
+    """Login level must equal the master's level; the clearance may be higher.
+
+    Failed logins are throttled per user (``max_failures`` within ``lockout`` seconds of each
+    other lock the name for ``lockout`` s after the last) and per client host
+    (``peer_max_failures``, default 4x: a host may serve many users); at most ``max_records``
+    failure records are kept, the least recently touched dropped first."""
 
     def __init__(self, store: UserStore, level: str, ttl: float = 12 * 3600,
                  max_failures: int = 5, lockout: float = 30.0, clock=time.monotonic, persist=None,
-                 wall=time.time, owner: str | None = None):
+                 wall=time.time, owner: str | None = None, peer_max_failures: int | None = None,
+                 max_records: int = 10_000):
         self.store = store
         self.owner = owner or None  # has every role on this master (a private, embedded master)
         self.denied: Counter = Counter()  # calls refused for a missing role (call name → n)
@@ -69,45 +102,101 @@ class Sessions:
         self.lockout = lockout
         self._clock = clock
         self._by_token: dict[str, Session] = {}
-        self._failures: dict[str, tuple[int, float]] = {}
+        self.peer_max_failures = max_failures * 4 if peer_max_failures is None else peer_max_failures
+        self.max_records = max_records
+        # "u:<user>" / "h:<host>" → (attempts counted, time of the last), oldest first
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.failed_logins = 0
         self.logouts = 0  # sessions ended by ``strata users logout`` or a replaced password
 
-    def login(self, user: str, password: str, level: str) -> Session:
+    def login(self, user: str, password: str, level: str, peer: str | None = None) -> Session:
+        """A session for ``user`` at ``level``, or AuthError with a message that never says
+        whether the user exists.
+
+        The attempt takes a slot (counted as a failure) under the lock *before* the password
+        is checked, per user and per client host (``peer``: the gRPC peer string), so parallel
+        guesses cannot all reach argon2; a success gives the slots back.  argon2 runs outside
+        the lock, so one slow check never holds up other logins."""
         now = self._clock()
-        with self._lock:
-            n, since = self._failures.get(user, (0, now))
-            if n >= self.max_failures and now - since < self.lockout:
-                self.failed_logins += 1
-                raise AuthError(f"login failed: too many failed attempts; retry in {self.lockout - (now - since):.0f} s")
+        keys = self._take_slot(user, _peer_host(peer), now)
         try:
-            lv = self.store.lattice.parse(level) if level else self.level
-        except ValueError:
-            lv = level
-        try:
-            if lv != self.level:
-                raise AuthError(f"login failed: this master serves level {self.level}; log in at that level")
-            try:
-                principal = self.store.authenticate(user, password, lv)
-            except AuthError:
-                raise
-            except Exception:  # noqa: BLE001 - a bad users-file entry (unknown clearance): no access
-                raise AuthError("login failed: unknown user or wrong password") from None
+            principal = self._verify(user, password, level)
         except AuthError:
             with self._lock:
-                n, since = self._failures.get(user, (0, now))
-                self._failures[user] = (n + 1, now if n == 0 or now - since >= self.lockout else since)
                 self.failed_logins += 1
             raise
         principal = replace(principal, roles=self._roles_of(principal.user, getattr(principal, "roles", None)))
         with self._lock:
-            self._failures.pop(user, None)
+            self._give_back(keys)
             s = Session(secrets.token_urlsafe(32), principal, now, now, self._wall())
             self._by_token[token_digest(s.token)] = s
         if self.persist is not None:
             self.persist.save_session(s.token, principal.user, principal.level, s.created_wall)
         return s
+
+    def _take_slot(self, user: str, host: str | None, now: float) -> tuple[str | None, str | None]:
+        """Count this attempt against the user and the host, or refuse it if either is locked.
+
+        A name longer than any user's cannot exist: refused (counted against the host only)
+        with the generic message, and never kept as a key.  Returns the keys charged."""
+        with self._lock:
+            self._forget_expired(now)
+            ukey = "u:" + (user or "") if len(user or "") <= MAX_USER_NAME else None
+            hkey = ("h:" + host) if host else None
+            limits = ((ukey, self.max_failures), (hkey, self.peer_max_failures))
+            wait = max((self._locked_for(k, n, now) for k, n in limits if k is not None), default=0.0)
+            if wait > 0:
+                self.failed_logins += 1
+                raise AuthError(f"login failed: too many failed attempts; retry in {wait:.0f} s")
+            for k, _ in limits:
+                if k is not None:
+                    n, _last = self._failures.pop(k, (0, now))
+                    self._failures[k] = (n + 1, now)  # to the end: the newest record
+            while len(self._failures) > self.max_records:
+                self._failures.popitem(last=False)  # a flood of names/hosts: the oldest go first
+            if ukey is None:
+                self.failed_logins += 1
+                raise AuthError(LOGIN_FAILED)
+            return ukey, hkey
+
+    def _locked_for(self, key: str, limit: int, now: float) -> float:
+        n, last = self._failures.get(key, (0, now))
+        return self.lockout - (now - last) if n >= limit and now - last < self.lockout else 0.0
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop the records nothing has touched for ``lockout`` seconds (the oldest are first)."""
+        while self._failures:
+            key, (_n, last) = next(iter(self._failures.items()))
+            if now - last < self.lockout:
+                return
+            del self._failures[key]
+
+    def _give_back(self, keys) -> None:
+        """A successful login: the user starts afresh, the host gets its slot back."""
+        ukey, hkey = keys
+        self._failures.pop(ukey, None)
+        if hkey in self._failures:
+            n, last = self._failures[hkey]
+            if n <= 1:
+                del self._failures[hkey]
+            else:
+                self._failures[hkey] = (n - 1, last)
+
+    def _verify(self, user: str, password: str, level: str) -> Principal:
+        """The principal if the password and level are right (argon2; called outside the lock)."""
+        try:
+            lv = self.store.lattice.parse(level) if level else self.level
+        except ValueError:
+            lv = level
+        if lv != self.level:
+            raise AuthError(f"login failed: this master serves level {self.level}; log in at that level")
+        try:
+            return self.store.authenticate(user, password, lv)
+        except AuthError:
+            raise
+        except Exception:  # noqa: BLE001 - a bad users-file entry (unknown clearance): no access
+            raise AuthError(LOGIN_FAILED) from None
 
     def check(self, token: str | None) -> Session:
         now = self._clock()

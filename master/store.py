@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -75,7 +76,7 @@ def token_digest(token: str) -> str:
 class MasterStore:
     def __init__(self, path: Path | str, level: str, fingerprint: str):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_files(self.path)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
@@ -83,7 +84,7 @@ class MasterStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
         self._check_meta(level, fingerprint)
-        self.path.chmod(0o600)
+        _private_files(self.path)  # -wal/-shm exist now: they inherited 0600; make sure
 
     def _check_meta(self, level: str, fingerprint: str) -> None:
         meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
@@ -137,6 +138,26 @@ class MasterStore:
         with self._lock:
             rows = self._db.execute("SELECT token_sha256, user, level, created FROM sessions").fetchall()
         return [StoredSession(*r) for r in rows]
+
+
+def _private_files(path: Path) -> None:
+    """The log and SQLite's ``-wal``/``-shm`` readable by this user only (0600), in a
+    directory made 0700 if this makes it (an existing one keeps the mode it was given).
+
+    The database file is created 0600 before SQLite opens it: SQLite creates ``-wal``,
+    ``-shm`` and ``-journal`` with the mode of the database file, so they are born 0600
+    too (no window in which they hold S tuples at 0644).  A process-wide umask would do
+    the same but would also change the mode of every file other threads create meanwhile.
+    Files an older version left readable are tightened here."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for f in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        try:
+            if f.stat().st_mode & 0o077:
+                f.chmod(0o600)
+        except FileNotFoundError:
+            pass
 
 
 def config_fingerprint(config) -> str:

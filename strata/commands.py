@@ -220,9 +220,9 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     cfg = load_config(config)
     if load_reading is None:
         load_reading = embedded_load_reading(cfg)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    (state_dir / "logs").mkdir(exist_ok=True)
-    (state_dir / "run").mkdir(exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # keys, logs, the event logs: this user only
+    (state_dir / "logs").mkdir(exist_ok=True, mode=0o700)
+    (state_dir / "run").mkdir(exist_ok=True, mode=0o700)
     port = multicast_port or _free_udp_port()
     levels = [cfg.lattice.parse(lv) for lv in levels]
     for lv in levels:

@@ -72,6 +72,8 @@ class Limits:
     max_ts: int = 2**53 - 1
     #: how far past the largest ingested instant a producer may close instants
     advance_horizon: int = 3600
+    #: released rows a master keeps per query for subscribers that resume (the oldest go first)
+    result_retention_rows: int = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0}
+_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0}
 
 
 def _limits(raw: Any, err) -> Limits:
@@ -220,7 +222,7 @@ def _limits(raw: Any, err) -> Limits:
         raise err("limits", None, "must be a table")
     for k, v in raw.items():
         if k not in _LIMIT_MIN:
-            raise err("limits", k, "unknown key (expected max_ts or advance_horizon)")
+            raise err("limits", k, f"unknown key (expected one of {', '.join(_LIMIT_MIN)})")
         if isinstance(v, bool) or not isinstance(v, int) or not _LIMIT_MIN[k] <= v <= MAX_TS_CEILING:
             raise err("limits", k, f"must be an integer from {_LIMIT_MIN[k]} to {MAX_TS_CEILING} (2**62 - 1)")
     return Limits(**raw)

@@ -58,7 +58,7 @@ def load_or_create_key(path: Path, create: bool) -> bytes:
         return key
     if not create:
         raise ConfigError(f"{path}: group key file missing (strata up creates one)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = os.urandom(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -94,7 +94,7 @@ def make_ca(out: Path | str, name: str = "Strata deployment CA"):
     from cryptography.x509.oid import NameOID
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)  # private keys (0600) and the certificates
     cpath, kpath = out / "ca.pem", out / "ca.key"
     if cpath.exists() and kpath.exists():
         return (x509.load_pem_x509_certificate(cpath.read_bytes()),

@@ -108,7 +108,8 @@ def test_limits_defaults_and_values():
         ("max_ts = true", ":4: [limits] max_ts: must be an integer"),
         ('max_ts = "9"', ":4: [limits] max_ts: must be an integer"),
         ("advance_horizon = -1", ":4: [limits] advance_horizon: must be an integer from 0"),
-        ("max_rows = 3", ":4: [limits] max_rows: unknown key (expected max_ts or advance_horizon)"),
+        ("max_rows = 3", ":4: [limits] max_rows: unknown key (expected one of max_ts, advance_horizon, "),
+        ("result_retention_rows = -1", ":4: [limits] result_retention_rows: must be an integer from 0"),
     ],
 )
 def test_limits_errors_name_line_and_key(body, fragment):

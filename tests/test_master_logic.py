@@ -538,3 +538,33 @@ def test_users_watcher_thread_never_dies(battlefield, tmp_path):
         assert watch._thread.is_alive()
     finally:
         watch.stop()
+
+
+def test_results_are_kept_up_to_the_retention_and_a_gap_is_an_error(battlefield):
+    """[limits] result_retention_rows bounds what a master keeps per query: the oldest results go
+    first; a subscriber resuming before them, or reading slower than the retention, gets
+    ResultsGone (one line), never a silent gap; one within the retention resumes as before."""
+    from dataclasses import replace as dc_replace
+
+    from strata.master.core import ResultsGone
+
+    cfg = dc_replace(battlefield, limits=dc_replace(battlefield.limits, result_retention_rows=3))
+    core = MasterCore(cfg, "S", max_in_flight=10)
+    core.heartbeat("w1", 5.0)
+    q = core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 5]"])[0].query_id
+    slow: dict[str, int] = {}
+    first, _ = core.wait_results([q], slow, timeout=0)  # a live subscriber that then stops reading
+    assert first == []
+    core.ingest("Vitals", _vitals(list(range(1, 9)), ["S"] * 8), None)
+    core.advance(upto_ts=8)
+    _drain(core)
+    kept = core.queries[q].results
+    assert [r.last_ts for r in kept] == [6, 7, 8] and core.queries[q].base == 5  # one row per instant
+    core.check_resume([q], 5)  # has everything up to 5: resumes with 6, 7, 8
+    released, _ = core.wait_results([q], {}, timeout=0)
+    assert [r.last_ts for r in released] == [6, 7, 8]
+    with pytest.raises(ResultsGone, match=r"results up to instant 5 are no longer kept"):
+        core.check_resume([q], 4)
+    with pytest.raises(ResultsGone, match="dropped before this subscriber read them"):
+        core.wait_results([q], slow, timeout=0)
+    assert "\n" not in str(ResultsGone("x"))
