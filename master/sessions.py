@@ -26,10 +26,12 @@ from strata.users import ROLES, AuthError, Principal, UserStore
 
 from .store import token_digest
 
-__all__ = ["Sessions", "Session", "RoleError", "dominates", "MAX_USER_NAME", "LOGIN_FAILED"]
+__all__ = ["Sessions", "Session", "RoleError", "dominates", "MAX_USER_NAME", "MAX_PASSWORD", "LOGIN_FAILED"]
 
 #: longer names are refused at once (no user can have one: the users file allows 64 characters)
 MAX_USER_NAME = 128
+#: longer passwords are refused before argon2 (which would otherwise hash up to a whole message)
+MAX_PASSWORD = 4096
 #: what every failed password check says, whether or not the user exists
 LOGIN_FAILED = "login failed: unknown user or wrong password"
 
@@ -191,6 +193,8 @@ class Sessions:
             lv = level
         if lv != self.level:
             raise AuthError(f"login failed: this master serves level {self.level}; log in at that level")
+        if len(password or "") > MAX_PASSWORD:  # no user has one: the generic failure, no argon2 work
+            raise AuthError(LOGIN_FAILED)
         try:
             return self.store.authenticate(user, password, lv)
         except AuthError:

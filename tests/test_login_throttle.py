@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from strata.master.sessions import LOGIN_FAILED, MAX_USER_NAME, Sessions, _peer_host
+from strata.master.sessions import LOGIN_FAILED, MAX_PASSWORD, MAX_USER_NAME, Sessions, _peer_host
 from strata.users import AuthError, UserStore
 
 HOST = "ipv4:10.0.0.5:40001"
@@ -122,6 +122,13 @@ def test_long_names_are_refused_like_any_other_failure_and_never_kept(users, ver
     assert verifier.calls == ["nobody", "ann"]  # the long name never reached the password check
     assert all(len(k) <= MAX_USER_NAME + 2 for k in sessions._failures)
     assert failure(sessions, "x" * MAX_USER_NAME) == LOGIN_FAILED  # at the cap: checked as usual
+
+
+def test_huge_passwords_never_reach_argon2(users, verifier):
+    sessions = Sessions(users, "S")
+    assert failure(sessions, "ann", "y" * (MAX_PASSWORD + 1)) == LOGIN_FAILED
+    assert verifier.calls == []  # refused before the password check, counted like any failure
+    assert sessions.failed_logins == 1
 
 
 def test_lockout_messages_do_not_say_whether_the_user_exists(users, verifier):
