@@ -1,6 +1,6 @@
 """End-to-end runs through a real cluster: master and worker processes on loopback.
 
-:class:`BenchCluster` starts one level group with ``strata.commands.start_cluster``
+:class:`BenchCluster` starts one level group with ``strata.deploy.local.start_cluster``
 (a master and N Spark workers as separate processes) and can replace the master
 between runs (a master has one input timeline, so every run needs a fresh one;
 the workers stay warm and join the new master through the group heartbeats)
@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from strata.arrowio import from_ipc
 from strata.client import Client
-from strata.commands import _alive, start_cluster, stop_cluster
+from strata.deploy.local import alive, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.rpc import strata_pb2 as pb
 from strata.users import ROLES, UserStore
@@ -104,7 +104,7 @@ class BenchCluster:
 
     def pids(self) -> dict[str, int]:
         """Live processes of the current level's group."""
-        return {p["name"]: p["pid"] for p in self.record["processes"] if p["level"] == self.level and _alive(p["pid"])}
+        return {p["name"]: p["pid"] for p in self.record["processes"] if p["level"] == self.level and alive(p["pid"])}
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) used so far by this level's master and workers, JVMs included.
@@ -180,9 +180,9 @@ class BenchCluster:
         except (ProcessLookupError, PermissionError):
             return
         deadline = time.monotonic() + 15
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(pid):
+        if alive(pid):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

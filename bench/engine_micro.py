@@ -201,7 +201,7 @@ def run_ab(args) -> str:
     """Each comparison runs its variants alternately on consecutive chunks of one stream, after
     a warm-up; median wall and CPU seconds per chunk."""
     from strata.worker.engine import Engine
-    from strata.worker.server import warm_up
+    from strata.worker.warmup import warm_up
     from strata.worker.shared import SharedExecutor
     from strata.worker.spark import get_session
 
@@ -270,7 +270,7 @@ def child(spec: dict) -> dict:
     """Runs in a fresh process: session, warm-up (``spec['budget']``), then chunks; timings."""
     t_start = time.perf_counter()
     from strata.worker.engine import Engine
-    from strata.worker.server import warm_up
+    from strata.worker.warmup import warm_up
     from strata.worker.shared import SharedExecutor
     from strata.worker.spark import get_session
 
@@ -283,10 +283,10 @@ def child(spec: dict) -> dict:
     warm = warm_up(engine, cfg, "S", budget=spec.get("budget", -1.0), rounds=spec.get("rounds"))
     t_warm = time.perf_counter() - t0
     cpu_ready = _tree_cpu()
-    from strata.demo import QUERIES
+    from strata.deploy.demo import QUERIES
 
     queries = spec.get("queries") or QUERIES
-    from strata.demo import battlefield_data
+    from strata.deploy.demo import battlefield_data
 
     vit, pos = battlefield_data(spec.get("instants", 20), spec.get("per_instant", 400))
     from strata.master.local import cut_chunks
@@ -374,7 +374,7 @@ def run_first_chunk(args) -> str:
             res[b].append(got)
             print(b, got, flush=True)
     lines = [f"{args.reps} fresh processes per budget, interleaved; load {min(loads)}-{max(loads)}; medians. "
-             "Demo queries (`strata/demo.py`), chunks of 5 instants x 400 Vitals + 100 Positions tuples.", "",
+             "Demo queries (`deploy/demo.py`), chunks of 5 instants x 400 Vitals + 100 Positions tuples.", "",
              "| warm-up budget | warm-up s (chunks) | CPU at ready s | chunk 1 s | chunk 2 s | chunk 3 s | chunk 4 s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for b, runs in res.items():

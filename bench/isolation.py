@@ -206,7 +206,7 @@ def cpu_sampler(stop: threading.Event, out: list):
         out.append(psutil.cpu_percent(percpu=True))
 
 
-#: emulates the proposed fix of worker/group.py's load reading (see docs/benchmarks/isolation.md): while the
+#: emulates the proposed fix of strata/groups/membership.py's load reading (see docs/benchmarks/isolation.md): while the
 #: flag file exists, the CPU load a worker reports is that of the CPUs it may run on, not the whole host's
 CPUSET_LOAD = """
 import os
@@ -214,7 +214,7 @@ _flag = os.environ.get("STRATA_BENCH_CPUSET_FLAG")
 if _flag:
     try:
         import psutil
-        import strata.worker.group as _g
+        import strata.groups.membership as _g
 
         _host = _g._cpu_percent
 
@@ -240,7 +240,7 @@ VARIANTS = {
 
 def run_cluster(pinned: bool, names: list[str], args, workdir: Path) -> list[dict]:
     """One U+TS cluster; measures the set-ups ``names`` (all with the same pinning) idle, then saturated."""
-    from strata.commands import start_cluster, stop_cluster
+    from strata.deploy.local import start_cluster, stop_cluster
     from strata.config import load_config
     from strata.examples import BATTLEFIELD_TOML
     from strata.users import ROLES, UserStore
@@ -373,7 +373,7 @@ fast as the TS group takes them, under two heavy TS queries), in three set-ups:
   U process on CPU {args.u_cpus}, every TS process (master, worker, the worker's JVM, and the
   TS flood client) on CPU {args.ts_cpus}; the U client is pinned to U's CPU as well;
 * **pinned+cpuset-load**: pinned, and each worker's heartbeat reports the CPU load of
-  *its own CPU set* instead of the whole host's (the change to `worker/group.py`
+  *its own CPU set* instead of the whole host's (the change to `strata/groups/membership.py`
   proposed below, emulated by the benchmark through a `sitecustomize` in the
   workers' environment). It runs on the same pinned cluster as *pinned*, with the
   reading switched at run time: idle *pinned*, idle *pinned+cpuset-load*, then
@@ -454,7 +454,7 @@ def interpret(results: list[dict]) -> str:
         "fires -- with or without pinning. Reporting the load of the worker's own CPU set removes TS from U's "
         "reading (set-up *pinned+cpuset-load*: U's reading then follows CPU "
         "0 only; in a phase where that CPU was below 90 % U's latency fell to the engine's own, well under "
-        "the 1 s throttle). Proposed fix in `worker/group.py` `_cpu_percent()`: average "
+        "the 1 s throttle). Proposed fix in `strata/groups/membership.py` `_cpu_percent()`: average "
         "`psutil.cpu_percent(percpu=True)` over `os.sched_getaffinity(0)`.")
     out.append("")
     out.append(

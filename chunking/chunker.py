@@ -285,11 +285,14 @@ class Chunker:
         return self._queries[query_id].mode
 
     # -- input ------------------------------------------------------------------
-    def push(self, stream: str, table) -> int:
+    def push(self, stream: str, table, before_commit=None) -> int:
         """Append a batch of tuples of ``stream`` in arrival order; all or nothing.
 
         Returns the number of tuples accepted.  Raises :class:`ChunkingError`
         (and counts the batch's tuples in ``rejected[reason]``) otherwise.
+        ``before_commit(table)``: called with the checked batch (also an empty one) after every
+        check and before anything changes (the master logs the batch there); if it raises,
+        nothing of the batch is applied and the exception propagates.
         """
         try:
             name = self._stream_name(stream)
@@ -302,6 +305,8 @@ class Chunker:
             self._reject(e, table)
             raise
         n = t.num_rows
+        if before_commit is not None:
+            before_commit(t)
         if n == 0:
             return 0
         # commit: nothing below can fail

@@ -37,23 +37,16 @@ error at ``error_ts``.  The chunk's other queries get their normal results.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+# how a compiled query's history travels; it lives with the compiled query (strata.mlscql)
+from strata.mlscql.analyze import LegacyMode, legacy_mode
+
 __all__ = ["Chunk", "LegacyMode", "QueryChunk", "ChunkResult", "SYSTEM_FIELDS", "legacy_mode"]
 
 SYSTEM_FIELDS = ("_seq", "ts", "level")
-
-
-class LegacyMode(enum.Enum):
-    """How a query's history before a chunk reaches the worker."""
-
-    WINDOW = "window"  # bounded legacy per FROM item (ROWS/RANGE/NOW/PARTITION)
-    STATE = "state"  # unbounded aggregate over one FROM item: running state snapshot
-    NONE = "none"  # unbounded, one FROM item, no aggregate, ISTREAM/DSTREAM: no history needed
-    HISTORY = "history"  # unbounded otherwise (joins, RSTREAM of a selection): full visible history
 
 
 @dataclass
@@ -102,23 +95,3 @@ class ChunkResult:
     #: ``error_ts`` (the first instant whose evaluation failed); ``state`` and ``state_upto`` are None.
     error: str | None = None
     error_ts: int | None = None
-
-
-def legacy_mode(cq) -> LegacyMode:
-    """How chunks of compiled query ``cq`` (a ``strata.mlscql.CompiledQuery``) carry history.
-
-    Bounded windows (ROWS, RANGE, NOW, PARTITION BY) always carry a bounded
-    per-item legacy.  With a ``[RANGE UNBOUNDED]`` item: one item with an
-    aggregate → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
-    result only changes by the rows of new tuples); anything else → HISTORY
-    (every visible tuple of the unbounded items is legacy).
-    """
-    kinds = [f.window.kind for f in cq.query.from_]
-    if "unbounded" not in kinds:
-        return LegacyMode.WINDOW
-    if len(kinds) == 1:
-        if cq.is_aggregate:
-            return LegacyMode.STATE
-        if cq.r2s in ("ISTREAM", "DSTREAM"):
-            return LegacyMode.NONE
-    return LegacyMode.HISTORY

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from strata.cli import EXIT_ERROR, EXIT_OK, CliError
+from strata.errors import EXIT_ERROR, EXIT_OK, CliError
 
 from .inventory import Host, Inventory, InventoryError, load_inventory
 from .remote import RemoteError, agent_argv, transport_for, transport_from_record

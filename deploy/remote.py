@@ -443,12 +443,12 @@ def agent_probe(level: str, key_file: str, address: str, port: int, interface: s
                 seconds: float) -> dict:
     """Listen (never send) on the level's group; report the members heard."""
     from strata.groups import load_or_create_key
-    from strata.worker.group import GroupSpec, GroupTable, _receiver
+    from strata.groups.membership import GroupSpec, GroupTable, receiver
 
     key = load_or_create_key(Path(key_file), create=False)
     spec = GroupSpec(level=level, address=address, port=port, key=key, interface=interface)
     table = GroupTable(level, key, timeout=3600.0)
-    rx = _receiver(spec)
+    rx = receiver(spec)
     rx.settimeout(0.2)
     heard: dict[str, dict] = {}
     deadline = time.monotonic() + seconds

@@ -10,9 +10,9 @@ __all__ = ["add_parsers", "cmd_scale"]
 
 
 def cmd_scale(args) -> int:
-    from strata.cli import EXIT_LOGIN, EXIT_REJECTED, CliError
+    from strata.errors import EXIT_LOGIN, EXIT_REJECTED, CliError
     from strata.client import ClientError, LoginFailed
-    from strata.commands import _password
+    from strata.commands import read_password
     from strata.config import ConfigError
 
     from .scaler import ScalerOptions, run_scaler
@@ -35,7 +35,7 @@ def cmd_scale(args) -> int:
                          listen=args.listen, worker_cpus=args.worker_cpus,
                          ray_cpus=args.ray_cpus, start_timeout=args.start_timeout, stop_grace=args.stop_grace,
                          verbose=args.verbose)
-    password = _password()
+    password = read_password()
     try:
         return run_scaler(opts, password)
     except LoginFailed as e:

@@ -23,8 +23,8 @@ Adaptive chunking: instants are cut into chunks of ``chunk_instants`` as they
 close (the latency target: with paced input each chunk goes out alone as soon as
 it is cut), and the chunks form the unit of ordering, retries and restarts.
 When chunks wait for a worker, the next dispatch takes the oldest
-``ceil(ready / slots)`` consecutive ones (``slots``: the evaluation slots of the
-workers that take chunks; at most ``max_unit_rows`` tuples, and never a chunk
+``ceil(ready / workers)`` consecutive ones (``workers``: those that take chunks,
+busy or not: :meth:`MasterCore._shares`; at most ``max_unit_rows`` tuples, and never a chunk
 that already failed) as one merged chunk: one Spark job per share of the
 backlog, so that every worker stays busy and none is left with all of it.  The answer does not
 depend on these decisions (tests/test_adaptive.py).
@@ -56,7 +56,7 @@ from .timings import ChunkTimings
 from .shepherd import ShepherdError
 from .pipeline import QueryPipeline, Released, one_line
 
-__all__ = ["MasterCore", "QueryInfo", "Refused", "NotYours", "MAX_INGEST_ROWS", "MAX_INGEST_BYTES",
+__all__ = ["MasterCore", "QueryInfo", "Refused", "NotYours", "BatchOutcome", "MAX_INGEST_ROWS", "MAX_INGEST_BYTES",
            "DEFAULT_MAX_TS", "DEFAULT_ADVANCE_HORIZON", "STATES"]
 
 MAX_INGEST_ROWS = 1_000_000  # per batch, counted on the rows the shepherd kept
@@ -77,6 +77,22 @@ class Refused(ValueError):
     def __init__(self, message: str, reason: str):
         super().__init__(message)
         self.reason = reason
+
+
+@dataclass
+class BatchOutcome:
+    """What one ingest batch did: rows kept and applied (for a duplicate: what its first delivery
+    applied), rows the shepherd dropped (told to its producer only), chunks its advance cut, and
+    whether it was a duplicate (at or below its producer's high-water mark: not applied again)."""
+
+    accepted: int = 0
+    dropped: int = 0
+    chunks: int = 0
+    duplicate: bool = False
+
+
+#: longest producer id (the client's part; the master prefixes the session's user)
+MAX_PRODUCER_ID = 128
 
 
 class ResultsGone(LookupError):
@@ -189,6 +205,8 @@ class MasterCore:
         self.input_rejected: dict[str, int] = {}  # refused batches and calls (reason → n)
         self.group_rejected = None  # callable → Counter of refused heartbeats (set by the server)
         self.last_input_ts: int | None = None  # the largest instant of a kept (accepted) row
+        #: exactly-once ingest: producer ("user/id") -> the largest batch seq in the log (its high-water mark)
+        self.producers: dict[str, int] = {}
         self.last_output_ts: int | None = None
 
     # -- queries ------------------------------------------------------------------------
@@ -318,6 +336,9 @@ class MasterCore:
                 elif ev.kind == "advance":
                     n["chunks"] += self._advance(ev.body.get("upto"), ev.body.get("finish", False), log=False)
             self._qids = itertools.count(top + 1)
+            marks = getattr(self.store, "producers", None)
+            self.producers = dict(marks()) if marks is not None else {}
+            n["producers"] = len(self.producers)
         return n
 
     # -- input ----------------------------------------------------------------------------
@@ -326,18 +347,83 @@ class MasterCore:
 
         The stream name and the shepherd run outside the lock; the limits, the chunker's
         checks and everything counted look only at the rows the shepherd kept.  The
-        dropped count is for the producer that sent the batch and nobody else."""
-        try:
-            name, kept, dropped = self.pipeline.screen(stream, table, source_level)
-        except ChunkingError as e:
-            self.count_rejected(e.reason)
-            raise
-        except ShepherdError:
-            self.count_rejected("bad_level")
-            raise
-        self._check_limits(name, kept)
+        dropped count is for the producer that sent the batch and nobody else.  The batch is
+        in the event log before anything of it is applied (:meth:`ingest_batch`)."""
+        o = self.ingest_batch(stream, table, source_level)
+        return o.accepted, o.dropped
+
+    def ingest_batch(self, stream: str, table: pa.Table | None, source_level: str | None,
+                     advance_upto: int | None = None, producer: str | None = None, seq: int = 0) -> BatchOutcome:
+        """One producer batch, whole or not at all: its rows (``table``; None: an advance only), then
+        its advance (close the instants up to ``advance_upto``).
+
+        Order: the stream name and the shepherd (outside the lock), the limits, then under the lock
+        every check of the chunker and of the advance; then the batch (kept rows, advance) and
+        ``producer``'s new high-water mark ``seq`` are written to the event log in one transaction;
+        only then is it applied.  A batch that cannot be logged is refused with nothing applied.
+
+        Exactly once: ``producer`` (``user/id``) with ``seq`` at or below its logged high-water mark
+        is a duplicate (a re-send after a lost acknowledgement or a restart): acknowledged as such,
+        nothing applied, nothing logged.  Without ``producer`` every batch is applied as it comes."""
+        if producer is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+            self.count_rejected("bad_seq")
+            raise Refused(f"batch seq {seq!r} of producer {producer}: must be an integer from 1", "bad_seq")
+        name, kept, dropped = stream, None, 0
+        if table is not None:
+            try:
+                name, kept, dropped = self.pipeline.screen(stream, table, source_level)
+            except ChunkingError as e:
+                self.count_rejected(e.reason)
+                raise
+            except ShepherdError:
+                self.count_rejected("bad_level")
+                raise
+            self._check_limits(name, kept)
         with self.cond:
-            return self._push(name, kept, log=True), dropped
+            if producer is not None and seq <= self.producers.get(producer, 0):
+                self.pipeline.counters["duplicate_batches"] += 1
+                return BatchOutcome(kept.num_rows if kept is not None else 0, dropped, 0, duplicate=True)
+            if advance_upto is not None:
+                advance_upto = int(advance_upto)
+
+            def log_then_apply(checked: pa.Table) -> None:  # every check passed; nothing applied yet
+                n = checked.num_rows
+                if advance_upto is not None:
+                    top = int(checked.column("ts")[n - 1].as_py()) if n else None
+                    self._check_horizon(advance_upto, top, prefix="advance refused: ")
+                events = []
+                if n:  # only what the shepherd let through reaches the disk
+                    events.append(("ingest", {"stream": name} | ({"producer": producer, "seq": seq} if producer else {}),
+                                   to_ipc(kept)))
+                if advance_upto is not None:
+                    events.append(("advance", {"upto": advance_upto, "finish": False}, None))
+                self._log(events, producer, seq)
+
+            accepted = 0
+            if kept is not None:
+                accepted = self._push(name, kept, log=True, before_commit=log_then_apply)
+            else:
+                log_then_apply(pa.table({"ts": pa.array([], pa.int64())}))
+            if producer is not None:  # in the log now: a re-send is a duplicate from here on
+                self.producers[producer] = max(seq, self.producers.get(producer, 0))
+            chunks = self._advance(advance_upto, False, log=False) if advance_upto is not None else 0
+            return BatchOutcome(accepted, dropped, chunks)
+
+    def _log(self, events: list, producer: str | None = None, seq: int = 0, what: str = "batch") -> None:
+        """Write events (and a producer's high-water mark) in one transaction, or refuse (counted
+        ``log_failed``) with nothing written: the caller applies nothing then."""
+        if self.store is None or not events and producer is None:
+            return
+        try:
+            if hasattr(self.store, "append_batch"):
+                self.store.append_batch(events, producer, seq)
+            else:  # a minimal store (tests): one event at a time
+                for kind, body, data in events:
+                    self.store.append(kind, body, data)
+        except Exception as e:  # noqa: BLE001 - disk full, I/O error, closed store: nothing is applied
+            self.input_rejected["log_failed"] = self.input_rejected.get("log_failed", 0) + 1
+            raise Refused(f"{what} not written to the event log ({one_line(e) or type(e).__name__}); "
+                          f"nothing of it was applied", "log_failed") from None
 
     def _check_limits(self, stream: str, kept: pa.Table) -> None:
         """Batch size and timestamp bounds, on kept rows only."""
@@ -361,18 +447,18 @@ class MasterCore:
             raise Refused(f"stream {stream}: ts {top} is beyond the largest instant accepted "
                           f"({self.max_ts}, [limits] max_ts); nothing of this batch was applied", "ts_out_of_range")
 
-    def _push(self, stream: str, kept: pa.Table, log: bool) -> int:
+    def _push(self, stream: str, kept: pa.Table, log: bool, before_commit=None) -> int:
+        """Rows into the chunker.  ``log``: a live batch (refusals counted); ``before_commit`` then
+        logs it after every check and before anything is applied (a replayed batch: None)."""
         if self._finished:
             raise Refused("input is finished; no more tuples are accepted", "finished")
         try:
-            accepted = self.pipeline.push(stream, kept)
+            accepted = self.pipeline.push(stream, kept, before_commit=before_commit)
         except ChunkingError as e:
             if log:
                 self.count_rejected(e.reason)
             raise
         if accepted:
-            if log and self.store is not None:  # only what the shepherd let through reaches the disk
-                self.store.append("ingest", {"stream": stream}, to_ipc(kept))
             mx = pc.max(kept.column("ts").cast(pa.int64())).as_py()
             self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
         return accepted
@@ -386,20 +472,27 @@ class MasterCore:
         """Close instants up to ``upto_ts`` (at most ``advance_horizon`` past the largest ingested
         instant), or finish all input; returns the number of chunks cut."""
         with self.cond:
-            if not finish:
-                base = self.last_input_ts if self.last_input_ts is not None else 0
-                bound = base + self.advance_horizon
-                if upto_ts is not None and int(upto_ts) > bound:
-                    self.input_rejected["advance_beyond_horizon"] = self.input_rejected.get("advance_beyond_horizon", 0) + 1
-                    raise Refused(f"advance to {int(upto_ts)} refused: at most {self.advance_horizon} instants "
-                                  f"([limits] advance_horizon) past the latest instant ingested ({base}), "
-                                  f"i.e. up to {bound}", "advance_beyond_horizon")
+            if not finish and upto_ts is not None:
+                self._check_horizon(int(upto_ts))
             return self._advance(upto_ts, finish, log=True)
 
+    def _check_horizon(self, upto_ts: int, top: int | None = None, prefix: str = "") -> None:
+        """Refuse (counted) closing instants beyond the latest kept instant ingested (or ``top``, the
+        latest of a batch about to be applied) plus ``advance_horizon``."""
+        base = self.last_input_ts if self.last_input_ts is not None else 0
+        if top is not None and (self.last_input_ts is None or top > base):
+            base = top
+        bound = base + self.advance_horizon
+        if upto_ts > bound:
+            self.input_rejected["advance_beyond_horizon"] = self.input_rejected.get("advance_beyond_horizon", 0) + 1
+            raise Refused(f"{prefix}advance to {upto_ts} refused: at most {self.advance_horizon} instants "
+                          f"([limits] advance_horizon) past the latest instant ingested ({base}), "
+                          f"i.e. up to {bound}", "advance_beyond_horizon")
+
     def _advance(self, upto_ts: int | None, finish: bool, log: bool) -> int:
+        if log:  # written before it is applied (closing instants cannot fail after the checks)
+            self._log([("advance", {"upto": upto_ts, "finish": finish}, None)], what="advance")
         chunks = self.pipeline.finish() if finish else self.pipeline.advance(upto_ts)
-        if log and self.store is not None:
-            self.store.append("advance", {"upto": upto_ts, "finish": finish})
         if finish:
             self._finished = True
         for c in chunks:
@@ -539,7 +632,7 @@ class MasterCore:
     def assignments(self) -> list[tuple[Chunk, str]]:
         """Units to send now (without stopped queries), each with the worker chosen for it.
 
-        A unit is one ready chunk or, when several wait, the oldest ``ceil(ready / slots)``
+        A unit is one ready chunk or, when several wait, the oldest ``ceil(ready / workers)``
         consecutive ones merged (:func:`~strata.chunking.chunker.merge_chunks`; its id is its first
         chunk's).  A chunk left with no live query is released here without a worker."""
         out = []
@@ -567,10 +660,10 @@ class MasterCore:
                         self._blocked_since = now
                     break
                 self._blocked_since = None
-                # the slots busy before this call and those still free share what is ready; a slot
-                # that frees later takes no smaller a share of the same backlog (else the shares
-                # would shrink geometrically: many small jobs)
-                want = max(floor, self._unit_size(len(self._ready), self.dispatcher.total_slots() - len(out)))
+                # the workers busy before this call and those still free share what is ready; a
+                # slot that frees later takes no smaller a share of the same backlog (else the
+                # shares would shrink geometrically: many small jobs)
+                want = max(floor, self._unit_size(len(self._ready), self._shares() - len(out)))
                 issued = max(issued, want)
                 views = self._take(view, want)
                 unit = views[0].chunk_id
@@ -584,6 +677,10 @@ class MasterCore:
             self._share = max(floor, issued) if self._ready and self.adaptive else 0
         return out
 
+    #: how long a lone advance's chunks wait for a next advance (:meth:`_holding`): a bulk sender's
+    #: batches come a few tens of ms apart; paced input pays this once per chunk period
+    PROBE_SECONDS = 0.1
+
     def linger_seconds(self) -> float:
         """How long ready chunks may gather: one job's round trip as measured (none yet: a chunk
         period, the first jobs being the slow ones), between 50 ms and one chunk period."""
@@ -595,25 +692,42 @@ class MasterCore:
         (the last two advances, and the last one, within :meth:`linger_seconds`), the input is not
         finished, and the oldest ready chunk has waited less than that.  Then sending what is
         ready now would start jobs of a few instants each while many more instants arrive within
-        one job's time; waiting that long makes fewer, larger jobs.  Paced input (an advance per
-        chunk period) and a finished input are never held."""
-        if not self.linger or self._finished or not self._ready or len(self._advanced) < 2:
+        one job's time; waiting that long makes fewer, larger jobs.  A lone advance (the first, or
+        one long after the previous: paced input, or the start of a burst) is held for
+        :data:`PROBE_SECONDS` only, to see whether another follows: a bulk replay's first
+        advance otherwise went out as small jobs whose fixed cost (and CPU taken from the sender
+        on a small host) made a 1 M-tuple replay run 6 jobs for 1.2 s of the JVMs' CPU (2 jobs,
+        0.4 s with the probe; processing 1.3 s → 0.9 s).  A finished input is never held."""
+        if not self.linger or self._finished or not self._ready or not self._advanced:
             return False
         wait = self.linger_seconds()
-        first, last = self._advanced
-        if last - first >= wait or now - last >= wait:
+        last = self._advanced[-1]
+        if len(self._advanced) < 2 or last - self._advanced[0] >= wait:
+            return now - last < min(wait, self.PROBE_SECONDS)  # a lone advance: is more coming?
+        if now - last >= wait:
             return False
         oldest = self._cut_at.get(self._ready[0])
         return oldest is not None and now - oldest < wait
 
-    def _unit_size(self, ready: int, slots: int) -> int:
-        """How many ready chunks the next unit takes: an equal share of the backlog per evaluation
-        slot of the group, busy slots included.  A slot that frees while others are still busy
-        takes its share, not the whole backlog (which would leave one worker with all of it
-        while the others finish their small units and idle)."""
+    def _shares(self) -> int:
+        """How many units a backlog is cut into: one per worker that takes chunks (ready, external
+        load below the threshold; busy or not), not one per slot.  A unit is one Spark job whose
+        fixed cost (planning, scheduling: ~0.1 s of CPU) dwarfs a pruned instant's rows, and a
+        worker's slots share its Spark cores: per slot, a 1 M-tuple replay on 2 workers ran 7-10
+        jobs for 2.0-2.5 s of the JVMs' CPU; per worker, 4-6 jobs for 1.2-1.8 s.  The slots still
+        keep the next unit on a worker when its current one ends."""
+        table = self.dispatcher.table.values()
+        live = [e for e in table if e.state == "ready" and e.external < self.dispatcher.cpu_threshold]
+        return len(live or [e for e in table if e.state == "ready"])
+
+    def _unit_size(self, ready: int, shares: int) -> int:
+        """How many ready chunks the next unit takes: an equal share of the backlog per worker of
+        the group (:meth:`_shares`), busy ones included.  A worker that frees while others are
+        still busy takes its share, not the whole backlog (which would leave one worker with all
+        of it while the others finish their units and idle)."""
         if not self.adaptive:
             return 1
-        return max(1, math.ceil(ready / max(1, slots)))
+        return max(1, math.ceil(ready / max(1, shares)))
 
     def _take(self, head: Chunk, want: int) -> list[Chunk]:
         """Pop the head of the ready queue (``head``: its live view) and up to ``want - 1`` chunks

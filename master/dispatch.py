@@ -54,7 +54,7 @@ class WorkerEntry:
         return max(0, self.slots - len(self.in_flight))
 
 
-#: what a heartbeat's state may be (worker/group.py STATES)
+#: what a heartbeat's state may be (strata/groups/membership.py STATES)
 WORKER_STATES = ("ready", "draining", "master")
 
 

@@ -152,11 +152,12 @@ class QueryPipeline:
         kept, dropped = self.shepherd.filter(table)
         return schema.name, kept, dropped
 
-    def push(self, stream: str, kept: pa.Table) -> int:
+    def push(self, stream: str, kept: pa.Table, before_commit=None) -> int:
         """Hand rows the shepherd kept to the chunker (column, type and ts checks; all or nothing).
 
-        An empty batch is still checked for its columns (a property of the batch, not of its rows)."""
-        accepted = self.chunker.push(stream, kept)
+        An empty batch is still checked for its columns (a property of the batch, not of its rows).
+        ``before_commit(checked)``: see :meth:`Chunker.push` (the master logs the batch there)."""
+        accepted = self.chunker.push(stream, kept, before_commit=before_commit)
         self.counters["accepted"] += accepted
         return accepted
 

@@ -3,12 +3,25 @@
 Thin by design: :class:`MasterServicer` translates messages to
 :class:`MasterCore` calls; :class:`Dispatcher thread <DispatchLoop>` moves
 chunk bytes to workers and results back.  All decisions live in the core.
+
+Many clients: the master serves its clients with ``grpc.aio`` (:class:`AioMaster` on an event
+loop of its own, :class:`MasterServer`).  An open stream (Subscribe, Ingest, IngestStream) holds
+no thread while it waits: a subscriber waits for the core's notifications on the event loop, a
+slow reader waits on its own HTTP/2 flow control, and only the work of one call or one batch
+(a status, a login, decoding and logging a batch, encoding a result) runs on a thread of a
+bounded pool (ingest batches on a pool of their own).  Open streams are limited per session and
+per user (``[limits] max_streams_per_session``, ``max_streams_per_user``): one more is refused
+with RESOURCE_EXHAUSTED and counted (``too_many_streams``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pyarrow as pa
@@ -21,16 +34,72 @@ from strata.mlscql import QueryError
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import AuthError
-from strata.serving import MAX_MESSAGE, build_server, run_until_stopped
-from strata.worker.server import execute_digest
+from strata.serving import MAX_MESSAGE, run_until_stopped
+from strata.groups import execute_digest
 
-from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MasterCore, NotYours, Refused, ResultsGone
+from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MAX_PRODUCER_ID, BatchOutcome, MasterCore, NotYours, Refused, \
+    ResultsGone
 from .pipeline import one_line
 from .sessions import RoleError, Sessions, dominates
 
-__all__ = ["MasterServicer", "DispatchLoop", "UsersWatch", "serve_master", "MAX_INGEST_ROWS", "MAX_INGEST_BYTES"]
+__all__ = ["MasterServicer", "AioMaster", "MasterServer", "StreamLimits", "DispatchLoop", "UsersWatch", "serve_master",
+           "MAX_INGEST_ROWS", "MAX_INGEST_BYTES", "DEFAULT_MAX_STREAMS_PER_SESSION", "DEFAULT_MAX_STREAMS_PER_USER"]
 
 log = logging.getLogger("strata.master")
+
+#: open Subscribe/Ingest/IngestStream streams per session and per user ([limits]; defaults)
+DEFAULT_MAX_STREAMS_PER_SESSION = 8
+DEFAULT_MAX_STREAMS_PER_USER = 64
+
+
+class StreamLimits:
+    """Open streams per session and per user: one more than allowed is refused (counted under
+    ``too_many_streams``), so no one user can hold the master's streams."""
+
+    def __init__(self, per_session: int = DEFAULT_MAX_STREAMS_PER_SESSION,
+                 per_user: int = DEFAULT_MAX_STREAMS_PER_USER, count=None):
+        self.per_session = int(per_session)
+        self.per_user = int(per_user)
+        self._count = count  # reason -> None: counts a refusal (the core's rejected counts)
+        self._lock = threading.Lock()
+        self.sessions: Counter = Counter()  # session token -> open streams
+        self.users: Counter = Counter()
+
+    @classmethod
+    def of(cls, config, count=None) -> "StreamLimits":
+        lim = getattr(config, "limits", None)
+        return cls(getattr(lim, "max_streams_per_session", DEFAULT_MAX_STREAMS_PER_SESSION),
+                   getattr(lim, "max_streams_per_user", DEFAULT_MAX_STREAMS_PER_USER), count)
+
+    def open(self, session, call: str) -> str | None:
+        """Take a stream slot for ``session``; None, or the one-line reason it is refused."""
+        key, user = session.token, session.principal.user
+        with self._lock:
+            if self.sessions[key] >= self.per_session:
+                why = (f"too many open streams: this session already has {self.sessions[key]} open (limit "
+                       f"{self.per_session}, [limits] max_streams_per_session); {call} refused, close one first")
+            elif self.users[user] >= self.per_user:
+                why = (f"too many open streams: user {user} already has {self.users[user]} open across its "
+                       f"sessions (limit {self.per_user}, [limits] max_streams_per_user); {call} refused")
+            else:
+                self.sessions[key] += 1
+                self.users[user] += 1
+                return None
+        if self._count is not None:
+            self._count("too_many_streams")
+        return why
+
+    def close(self, session) -> None:
+        key, user = session.token, session.principal.user
+        with self._lock:
+            for c, k in ((self.sessions, key), (self.users, user)):
+                c[k] -= 1
+                if c[k] <= 0:
+                    del c[k]
+
+    def open_streams(self) -> int:
+        with self._lock:
+            return sum(self.sessions.values())
 
 
 class MasterServicer(rpc.MasterServicer):
@@ -40,9 +109,15 @@ class MasterServicer(rpc.MasterServicer):
     a call outside the session's roles is refused with PERMISSION_DENIED and
     counted (operators see ``role:<call>`` under ``rejected``)."""
 
-    def __init__(self, core: MasterCore, sessions: Sessions):
+    def __init__(self, core: MasterCore, sessions: Sessions, limits: StreamLimits | None = None):
         self.core = core
         self.sessions = sessions
+        self.limits = limits if limits is not None else StreamLimits.of(core.config, core.count_rejected)
+
+    def _open_stream(self, context, session, call: str) -> None:
+        why = self.limits.open(session, call)
+        if why is not None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
 
     @staticmethod
     def _token(context) -> str | None:
@@ -89,21 +164,42 @@ class MasterServicer(rpc.MasterServicer):
             for i in infos
         ])
 
-    def Subscribe(self, request, context):
-        token = self._token(context)
-        s = self._require(context, ("analyst",), "Subscribe", token)
+    def _subscribe_start(self, request, context):
+        """The checks before a result stream: session and role, the queries are the user's, the results
+        to resume from are still kept.  Returns (session, query ids)."""
+        s = self._require(context, ("analyst",), "Subscribe")
         mine = self.core.owned(s.principal.user)
         qids = list(dict.fromkeys(request.query_ids)) or mine
         for q in qids:
             if q not in mine:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, f"query {q} is not one of this user's queries")
+        try:
+            self.core.check_resume(qids, request.resume_after_ts)
+        except ResultsGone as e:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, one_line(e))
+        return s, qids
+
+    @staticmethod
+    def _result_message(r, after: int) -> pb.ResultBatch:
+        rows = r.rows
+        if after >= 0 and r.first_ts <= after:
+            rows = rows.filter(pc.greater(rows.column("ts"), after))
+        return pb.ResultBatch(query_id=r.query_id, first_ts=r.first_ts, last_ts=r.last_ts, arrow=to_ipc(rows))
+
+    def Subscribe(self, request, context):
+        token = self._token(context)
+        s, qids = self._subscribe_start(request, context)
+        self._open_stream(context, s, "Subscribe")
+        try:
+            yield from self._subscribe(request, context, token, qids)
+        finally:
+            self.limits.close(s)
+
+    def _subscribe(self, request, context, token, qids):
+        """The thread-per-stream loop (in-process callers; the master serves :class:`AioMaster`)."""
         cursor: dict[str, int] = {}
         after = request.resume_after_ts
         open_ids = list(qids)
-        try:
-            self.core.check_resume(open_ids, after)
-        except ResultsGone as e:
-            context.abort(grpc.StatusCode.OUT_OF_RANGE, one_line(e))
         while open_ids and context.is_active():
             try:
                 released, ended = self.core.wait_results(open_ids, cursor, timeout=0.5)
@@ -114,48 +210,70 @@ class MasterServicer(rpc.MasterServicer):
             for r in released:
                 if r.last_ts <= after:
                     continue
-                rows = r.rows
-                if after >= 0 and r.first_ts <= after:
-                    rows = rows.filter(pc.greater(rows.column("ts"), after))
                 # re-checked before every message: nothing is sent once the session or role is gone
                 self._require(context, ("analyst",), "Subscribe", token, ended=True)
-                yield pb.ResultBatch(query_id=r.query_id, first_ts=r.first_ts, last_ts=r.last_ts,
-                                     arrow=to_ipc(rows))
+                yield self._result_message(r, after)
             for q in ended:
                 state, error = self.core.end_of(q)
                 self._require(context, ("analyst",), "Subscribe", token, ended=True)
                 yield pb.ResultBatch(query_id=q, end=True, state=state, error=error)
                 open_ids.remove(q)
 
+    def _producer(self, s, batch) -> str | None:
+        """The producer key of an exactly-once batch: the session's user and the client's id."""
+        pid = batch.producer_id
+        if not pid:
+            return None
+        if len(pid) > MAX_PRODUCER_ID or not pid.isprintable():
+            self.core.count_rejected("bad_producer")
+            raise ValueError(f"producer id: at most {MAX_PRODUCER_ID} printable characters")
+        return f"{s.principal.user}/{pid}"
+
+    def _ingest_one(self, context, token, batch) -> BatchOutcome:
+        """One batch of an ingest stream: the session checked again, decoded, then logged and applied by
+        the core (or acknowledged as a duplicate).  Raises ValueError (refused, nothing applied)."""
+        # every batch: a revoked, logged-out or downgraded producer's open stream is cut here,
+        # before anything of this batch is applied
+        s = self._require(context, ("producer",), "Ingest", token, ended=True)
+        table = None
+        if batch.arrow or not batch.HasField("advance_upto"):
+            try:
+                table = from_ipc(batch.arrow, max_bytes=2 * MAX_INGEST_BYTES, max_rows=2 * MAX_INGEST_ROWS)
+            except (ValueError, pa.ArrowInvalid) as e:
+                self.core.count_rejected("bad_batch")
+                raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None
+        producer = self._producer(s, batch)
+        source = None if batch.labelled else s.principal.level
+        upto = batch.advance_upto if batch.HasField("advance_upto") else None  # after this batch's rows
+        return self.core.ingest_batch(batch.stream, table, source, advance_upto=upto, producer=producer,
+                                      seq=int(batch.seq))
+
     def Ingest(self, request_iterator, context):
         token = self._token(context)
         s = self._require(context, ("producer",), "Ingest", token)
-        accepted = dropped = rejected = chunks = 0
-        for batch in request_iterator:
-            # every batch: a revoked, logged-out or downgraded producer's open stream is cut here,
-            # before anything of this batch is applied
-            s = self._require(context, ("producer",), "Ingest", token, ended=True)
-            try:
-                if batch.arrow or not batch.HasField("advance_upto"):
-                    try:
-                        table = from_ipc(batch.arrow, max_bytes=2 * MAX_INGEST_BYTES, max_rows=2 * MAX_INGEST_ROWS)
-                    except (ValueError, pa.ArrowInvalid) as e:
-                        self.core.count_rejected("bad_batch")
-                        raise ValueError(f"stream {batch.stream}: not an Arrow IPC stream: {e}") from None
-                    source = None if batch.labelled else s.principal.level
-                    a, d = self.core.ingest(batch.stream, table, source)
-                    accepted += a
-                    dropped += d  # rows of this producer's own batches: told to it, nobody else
-                if batch.HasField("advance_upto"):  # in order with the batches before it
-                    try:
-                        chunks += self.core.advance(batch.advance_upto)
-                    except Refused as e:
-                        raise ValueError(f"advance refused: {e}") from None
-            except (ValueError, pa.ArrowInvalid) as e:
-                rejected += 1
-                return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected,
-                                      error=one_line(e), chunks=chunks)
-        return pb.IngestReply(accepted=accepted, dropped_by_shepherd=dropped, rejected=rejected, chunks=chunks)
+        self._open_stream(context, s, "Ingest")
+        try:
+            reply = pb.IngestReply()
+            for batch in request_iterator:
+                if not _add_batch(reply, lambda: self._ingest_one(context, token, batch)):
+                    break
+            return reply
+        finally:
+            self.limits.close(s)
+
+    def IngestStream(self, request_iterator, context):
+        """Ingest acknowledged per batch (thread-per-stream form; the master serves :class:`AioMaster`)."""
+        token = self._token(context)
+        s = self._require(context, ("producer",), "Ingest", token)
+        self._open_stream(context, s, "IngestStream")
+        try:
+            for n, batch in enumerate(request_iterator, 1):
+                ack = _ack(batch, n, lambda: self._ingest_one(context, token, batch))
+                yield ack
+                if ack.error:
+                    return
+        finally:
+            self.limits.close(s)
 
     def Advance(self, request, context):
         if request.finish:
@@ -202,6 +320,344 @@ class MasterServicer(rpc.MasterServicer):
         return reply
 
 
+def _add_batch(reply: pb.IngestReply, apply) -> bool:
+    """Add one batch's outcome (``apply()``) to an Ingest reply; False (error set) if it was refused."""
+    try:
+        o = apply()
+    except (ValueError, pa.ArrowInvalid) as e:
+        reply.rejected += 1
+        reply.error = one_line(e)
+        return False
+    reply.accepted += o.accepted
+    reply.dropped_by_shepherd += o.dropped  # rows of this producer's own batches: told to it, nobody else
+    reply.chunks += o.chunks
+    return True
+
+
+def _ack(batch, n: int, apply) -> pb.IngestAck:
+    """The acknowledgement of one batch (the ``n``-th of its stream): its outcome, or its refusal."""
+    seq = int(batch.seq) if batch.producer_id else n
+    try:
+        o = apply()
+    except (ValueError, pa.ArrowInvalid) as e:
+        return pb.IngestAck(seq=seq, error=one_line(e))
+    return pb.IngestAck(seq=seq, accepted=o.accepted, dropped_by_shepherd=o.dropped, duplicate=o.duplicate,
+                        chunks=o.chunks)
+
+
+# ---- the master's client front on grpc.aio --------------------------------------------------------------
+class _Abort(Exception):
+    def __init__(self, code, details: str):
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+
+class _CallContext:
+    """What :class:`MasterServicer`'s methods ask of a context, for an aio call whose work runs on a
+    pool thread: metadata and peer (read on the event loop), ``abort`` raising :class:`_Abort` (the
+    event loop then aborts the call)."""
+
+    def __init__(self, context):
+        self._md = tuple((m[0], m[1]) for m in (context.invocation_metadata() or ()))
+        self._peer = context.peer()
+
+    def invocation_metadata(self):
+        return self._md
+
+    def peer(self):
+        return self._peer
+
+    def abort(self, code, details):
+        raise _Abort(code, details)
+
+    def is_active(self) -> bool:
+        return True
+
+
+class _News:
+    """Wakes result streams waiting on the event loop when the core notifies (a result released, a
+    query ended, …).  ``notify`` is called from any thread with the core's lock held: it only schedules
+    one wake-up on the loop (coalesced); each waiter then checks its own queries without the lock."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._pending = False
+        self._waiters: set[asyncio.Future] = set()
+
+    def notify(self) -> None:
+        if self._pending:
+            return
+        self._pending = True
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed (shutting down)
+            pass
+
+    def _wake(self) -> None:
+        self._pending = False
+        for f in self._waiters:
+            if not f.done():
+                f.set_result(None)
+
+    async def wait_for(self, predicate, timeout: float) -> bool:
+        """Until ``predicate()`` (checked on every notification) or ``timeout`` s; its last value."""
+        deadline = self.loop.time() + timeout
+        while not predicate():
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return False
+            f = self.loop.create_future()
+            self._waiters.add(f)
+            try:
+                await asyncio.wait_for(f, left)
+            except asyncio.TimeoutError:
+                return bool(predicate())
+            finally:
+                self._waiters.discard(f)
+        return True
+
+
+class _NotifyingCondition(threading.Condition):
+    """The core's condition, also telling the event loop (:class:`_News`) on every ``notify_all``."""
+
+    def __init__(self, hook):
+        super().__init__()
+        self._hook = hook
+
+    def notify_all(self) -> None:
+        super().notify_all()
+        self._hook()
+
+
+class AioMaster(rpc.MasterServicer):
+    """The master's client front on ``grpc.aio``: :class:`MasterServicer`'s calls, with no thread held
+    by an open stream.
+
+    Unary calls run the servicer's method on the ``calls`` pool; a result stream waits for the core's
+    notifications on the event loop (:class:`_News`) and uses a pool thread only to take new results
+    and encode a message; an ingest stream uses an ``ingest`` pool thread per batch.  A slow reader
+    waits on its own flow control: results stay in the core (bounded by ``result_retention_rows``),
+    the dispatch thread never waits for a subscriber.  Must be built on the event loop it serves on;
+    from then on the core notifies that loop."""
+
+    def __init__(self, servicer: MasterServicer, peer_check=None, call_threads: int = 16, ingest_threads: int = 8):
+        self.sync = servicer
+        self.core = servicer.core
+        self.limits = servicer.limits
+        self.peer_check = peer_check
+        self.loop = asyncio.get_running_loop()
+        self.calls = ThreadPoolExecutor(call_threads, thread_name_prefix="master-call")
+        self.ingest = ThreadPoolExecutor(ingest_threads, thread_name_prefix="master-ingest")
+        self.news = _News(self.loop)
+        with self.core.cond:  # nobody waits on it yet (built before the dispatch thread starts)
+            self.core.cond = _NotifyingCondition(self.news.notify)
+
+    def shutdown(self) -> None:
+        self.calls.shutdown(wait=False, cancel_futures=True)
+        self.ingest.shutdown(wait=False, cancel_futures=True)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    async def _enter(self, context) -> _CallContext:
+        """The transport check (client certificate of this level) and the call's context for a thread."""
+        if self.peer_check is not None:
+            refusal = _peer_refusal(self.peer_check, context)
+            if refusal is not None:
+                await context.abort(*refusal)
+        return _CallContext(context)
+
+    async def _run(self, pool, context, fn, *args):
+        """``fn(*args)`` on a pool thread; an abort it asks for aborts the call."""
+        try:
+            return await self.loop.run_in_executor(pool, functools.partial(fn, *args))
+        except _Abort as a:
+            await context.abort(a.code, a.details)
+
+    async def _unary(self, name: str, request, context):
+        ctx = await self._enter(context)
+        return await self._run(self.calls, context, getattr(self.sync, name), request, ctx)
+
+    async def _check(self, context, ctx, roles: tuple[str, ...], call: str, token, ended: bool = True):
+        """The session's check on the event loop (in memory): abort the stream if it is gone."""
+        try:
+            return self.sync._require(ctx, roles, call, token, ended=ended)
+        except _Abort as a:
+            await context.abort(a.code, a.details)
+
+    async def _open(self, context, session, call: str) -> None:
+        why = self.limits.open(session, call)
+        if why is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+
+    # -- unary calls -------------------------------------------------------------------------------
+    async def Login(self, request, context):
+        return await self._unary("Login", request, context)
+
+    async def Logout(self, request, context):
+        return await self._unary("Logout", request, context)
+
+    async def Register(self, request, context):
+        return await self._unary("Register", request, context)
+
+    async def Advance(self, request, context):
+        return await self._unary("Advance", request, context)
+
+    async def Cancel(self, request, context):
+        return await self._unary("Cancel", request, context)
+
+    async def Status(self, request, context):
+        return await self._unary("Status", request, context)
+
+    # -- streams -----------------------------------------------------------------------------------
+    def _news_for(self, qids: list[str], cursor: dict[str, int]) -> bool:
+        """Whether one of ``qids`` has a result after ``cursor`` or has ended (read without the lock:
+        a stale answer only means one more look after the next notification)."""
+        queries = self.core.queries
+        for q in qids:
+            info = queries.get(q)
+            if info is None or info.ended or getattr(info, "base", 0) + len(info.results) != cursor.get(q, 0):
+                return True
+        return False
+
+    async def Subscribe(self, request, context):
+        ctx = await self._enter(context)
+        token = self.sync._token(ctx)
+        s, qids = await self._run(self.calls, context, self.sync._subscribe_start, request, ctx)
+        await self._open(context, s, "Subscribe")
+        try:
+            cursor: dict[str, int] = {}
+            after = request.resume_after_ts
+            open_ids = list(qids)
+            while open_ids:
+                try:
+                    released, ended = await self._run(self.calls, context, self.core.wait_results, open_ids, cursor, 0.0)
+                except ResultsGone as e:  # a reader slower than the retention: told, never a silent gap
+                    await context.abort(grpc.StatusCode.OUT_OF_RANGE, one_line(e))
+                if not released and not ended:
+                    if not await self.news.wait_for(lambda: self._news_for(open_ids, cursor), 0.5):
+                        # idle: a revoked session's stream still ends within a second
+                        await self._check(context, ctx, ("analyst",), "Subscribe", token)
+                    continue
+                for r in released:
+                    if r.last_ts <= after:
+                        continue
+                    msg = await self._run(self.calls, context, self.sync._result_message, r, after)
+                    # re-checked before every message: nothing is sent once the session or role is gone
+                    await self._check(context, ctx, ("analyst",), "Subscribe", token)
+                    yield msg  # a slow reader waits here, on its own stream's flow control
+                for q in ended:
+                    state, error = self.core.end_of(q)
+                    await self._check(context, ctx, ("analyst",), "Subscribe", token)
+                    yield pb.ResultBatch(query_id=q, end=True, state=state, error=error)
+                    open_ids.remove(q)
+        finally:
+            self.limits.close(s)
+
+    async def _ingest_start(self, context, call: str):
+        ctx = await self._enter(context)
+        token = self.sync._token(ctx)
+        s = await self._check(context, ctx, ("producer",), "Ingest", token, ended=False)
+        await self._open(context, s, call)
+        return ctx, token, s
+
+    async def Ingest(self, request_iterator, context):
+        ctx, token, s = await self._ingest_start(context, "Ingest")
+        try:
+            reply = pb.IngestReply()
+            async for batch in request_iterator:
+                ok = await self._run(self.ingest, context, _add_batch, reply,
+                                     functools.partial(self.sync._ingest_one, ctx, token, batch))
+                if not ok:
+                    break
+            return reply
+        finally:
+            self.limits.close(s)
+
+    async def IngestStream(self, request_iterator, context):
+        ctx, token, s = await self._ingest_start(context, "IngestStream")
+        try:
+            n = 0
+            async for batch in request_iterator:
+                n += 1
+                ack = await self._run(self.ingest, context, _ack, batch, n,
+                                      functools.partial(self.sync._ingest_one, ctx, token, batch))
+                yield ack
+                if ack.error:
+                    return
+        finally:
+            self.limits.close(s)
+
+
+def _peer_refusal(peer_check, context):
+    """(code, message) if :class:`strata.tls.PeerCheck` refuses this call's client certificate (counted
+    there), else None."""
+
+    class Probe:
+        auth_context = staticmethod(context.auth_context)
+
+        @staticmethod
+        def abort(code, message):
+            raise _Abort(code, message)
+
+    try:
+        peer_check._check(Probe())
+    except _Abort as a:
+        return a.code, a.details
+    return None
+
+
+class MasterServer:
+    """The master's gRPC server on ``grpc.aio``, on an event loop in a thread of its own (the rest of
+    the master is threads: the core, the dispatch loop, the users watch)."""
+
+    def __init__(self, servicer: MasterServicer, listen: str, credentials=None, peer_check=None,
+                 max_receive: int = 2 * MAX_INGEST_BYTES, call_threads: int = 16, ingest_threads: int = 8):
+        self.servicer = servicer
+        self.listen = listen
+        self.credentials = credentials
+        self.peer_check = peer_check
+        self.max_receive = max_receive
+        self.threads = (call_threads, ingest_threads)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="master-grpc-aio", daemon=True)
+        self._thread.start()
+        self.server = None
+        self.front: AioMaster | None = None
+        try:
+            self.address = self._on_loop(self._bind())
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise
+
+    def _on_loop(self, coro, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _bind(self) -> str:
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_receive),
+                                               ("grpc.max_send_message_length", MAX_MESSAGE),
+                                               ("grpc.so_reuseport", 0)])
+        self.front = AioMaster(self.servicer, self.peer_check, *self.threads)
+        rpc.add_MasterServicer_to_server(self.front, self.server)
+        host = self.listen.rsplit(":", 1)[0]
+        port = (self.server.add_secure_port(self.listen, self.credentials) if self.credentials is not None
+                else self.server.add_insecure_port(self.listen))
+        if port == 0:
+            raise OSError(f"cannot listen on {self.listen}")
+        return f"{host}:{port}"
+
+    def start(self) -> "MasterServer":
+        self._on_loop(self.server.start())
+        return self
+
+    def stop(self, grace: float = 2.0) -> None:
+        try:
+            self._on_loop(self.server.stop(grace), timeout=grace + 10)
+        finally:
+            if self.front is not None:
+                self.front.shutdown()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+
 class DispatchLoop:
     """Sends ready chunks to workers (async gRPC) and feeds results back to the core."""
 
@@ -241,13 +697,13 @@ class DispatchLoop:
         """Feed Algorithm 5 the heartbeats of the workers listed by the group member.
 
         The master's member lists an address only for the identity key that an Info call
-        at that address returned (worker/group.py): the probes run in the background
-        (:class:`~strata.worker.group.AddressProver`), so this never blocks, and a worker
+        at that address returned (strata/groups/membership.py): the probes run in the background
+        (:class:`~strata.groups.membership.AddressProver`), so this never blocks, and a worker
         gets no chunk before its address is proven.  A heartbeat the dispatcher refuses
         is skipped; the loop goes on."""
         prover = self.__dict__.get("_prover")
         if prover is None and hasattr(self.member, "claimed"):
-            from strata.worker.group import AddressProver, info_probe
+            from strata.groups.membership import AddressProver, info_probe
 
             def channel(sid: str):  # one short-lived channel per probe, as this level's master
                 if self.tls_dir is not None:
@@ -455,7 +911,7 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     ``state_path`` (a SQLite file) queries, sessions and accepted input
     survive a restart: the master replays them before it serves.
     """
-    from strata.worker.group import GroupMember
+    from strata.groups.membership import GroupMember
 
     from .store import MasterStore, config_fingerprint
 
@@ -473,14 +929,15 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
         if any(restored.values()):
             log.warning("restored from %s: %s", state_path, restored)
     servicer = MasterServicer(core, sessions)
-    creds, interceptors = None, ()
+    creds, peer_check = None, None
     if tls_dir is not None:
         from strata.tls import PeerCheck, server_credentials
 
         creds = server_credentials(tls_dir, "master", core.level)
-        interceptors = (PeerCheck(core.level, ("client",), refused=core.refused),)
-    server, address = build_server(rpc.add_MasterServicer_to_server, servicer, listen, credentials=creds,
-                                   max_workers=16, max_receive=2 * MAX_INGEST_BYTES, interceptors=interceptors)
+        peer_check = PeerCheck(core.level, ("client",), refused=core.refused)
+    # grpc.aio: open streams hold no thread; call work runs on bounded pools (AioMaster)
+    server = MasterServer(servicer, listen, credentials=creds, peer_check=peer_check)
+    address = server.address
     member = GroupMember(spec, sid=address, role="master")
     member.state = "master"
     core.group_rejected = lambda: member.rejected
@@ -497,7 +954,7 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
         watch.stop()
         loop.stop()
         member.stop()
-        server.stop(grace=2).wait()
+        server.stop(grace=2)
         if store is not None:
             store.close()
 

@@ -8,6 +8,12 @@ One ordered event log, written before a call is acknowledged:
 * ``ingest``    a batch the pipeline accepted (Arrow IPC bytes + the session's source level);
 * ``advance``   instants closed up to a timestamp, or ``finish``.
 
+A producer's batch (its rows, its advance) and the producer's new high-water
+sequence number (table ``producers``, keyed ``user/producer_id``) are written
+in one transaction (:meth:`MasterStore.append_batch`) *before* the batch is
+applied in memory: a batch is either in the log with its mark or not at all,
+and a re-sent batch at or below the mark is recognised after a restart.
+
 plus the live sessions (only a SHA-256 of each token is stored) and the
 configuration's fingerprint.  A restarted master replays the log into a fresh
 pipeline: the same calls in the same order make the same chunks, which are
@@ -45,6 +51,10 @@ CREATE TABLE IF NOT EXISTS sessions (
     user TEXT NOT NULL,
     level TEXT NOT NULL,
     created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS producers (
+    producer TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
 );
 """
 
@@ -109,6 +119,33 @@ class MasterStore:
             cur = self._db.execute("INSERT INTO events (kind, body, data) VALUES (?, ?, ?)",
                                    (kind, json.dumps(body or {}, sort_keys=True), data))
             return int(cur.lastrowid)
+
+    def append_batch(self, events: list[tuple[str, dict, bytes | None]], producer: str | None = None,
+                     seq: int | None = None) -> list[int]:
+        """Append ``events`` (kind, body, data) and, with ``producer``, set its high-water mark to ``seq``,
+        all in one transaction: after a crash either all of it is in the log or none of it.  Raises
+        (sqlite3.Error, OSError) with nothing written."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                ids = [int(self._db.execute("INSERT INTO events (kind, body, data) VALUES (?, ?, ?)",
+                                            (kind, json.dumps(body or {}, sort_keys=True), data)).lastrowid)
+                       for kind, body, data in events]
+                if producer is not None:
+                    self._db.execute("INSERT INTO producers VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET "
+                                     "seq = max(seq, excluded.seq)", (producer, int(seq)))
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            return ids
+
+    def producers(self) -> dict[str, int]:
+        """Every producer's high-water mark: the largest batch seq logged for it."""
+        with self._lock:
+            rows = self._db.execute("SELECT producer, seq FROM producers").fetchall()
+        return {str(p): int(q) for p, q in rows}
 
     def events(self) -> Iterator[Event]:
         with self._lock:

@@ -15,22 +15,8 @@ import os
 import sys
 
 from . import __version__
-from .config import ConfigError, load_config
-
-EXIT_OK, EXIT_ERROR, EXIT_REJECTED, EXIT_LOGIN = 0, 1, 2, 3
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_ERROR):
-        super().__init__(message)
-        self.code = code
-
-
-def _config(args):
-    try:
-        return load_config(args.config)
-    except ConfigError as e:
-        raise CliError(str(e)) from None
+from .config import ConfigError, config_of
+from .errors import EXIT_ERROR, EXIT_OK, EXIT_REJECTED, CliError
 
 
 # ---- users ------------------------------------------------------------------------
@@ -47,7 +33,7 @@ def _read_password(confirm: bool) -> str:
 def cmd_users_add(args) -> int:
     from .users import UserError, UserStore
 
-    cfg = _config(args)
+    cfg = config_of(args)
     store = UserStore(cfg.users_path, cfg.lattice)
     roles = _roles(args.roles) if args.roles is not None else None
     password = _read_password(confirm=True)
@@ -72,7 +58,7 @@ def _roles(text: str) -> frozenset:
 def cmd_users_list(args) -> int:
     from .users import UserError, UserStore, principals
 
-    cfg = _config(args)
+    cfg = config_of(args)
     store = UserStore(cfg.users_path, cfg.lattice)
     try:
         users = store.load()
@@ -101,7 +87,7 @@ def _users_change(args, action: str, *extra):
     """Apply one administrator change to the users file (``UserStore.<action>``)."""
     from .users import UserError, UserStore
 
-    cfg = _config(args)
+    cfg = config_of(args)
     try:
         return getattr(UserStore(cfg.users_path, cfg.lattice), action)(args.name, *extra)
     except UserError as e:
@@ -141,7 +127,7 @@ def cmd_users_logout(args) -> int:
 def cmd_explain(args) -> int:
     from .mlscql import LimitError, QueryError, compile_query
 
-    cfg = _config(args)
+    cfg = config_of(args)
     specs = _explain_queries(args)
     if not specs:
         raise CliError("give a query (or --query/--query-at/--file)", EXIT_REJECTED)
@@ -262,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: modules that add subcommands: each defines ``add_parsers(sub)``
-EXTENSION_MODULES = ["strata.commands", "strata.deploy.cli", "strata.deploy.scale_cli"]
+EXTENSION_MODULES = ["strata.master.main", "strata.worker.main", "strata.deploy.local", "strata.commands",
+                     "strata.deploy.replay", "strata.deploy.demo", "strata.deploy.cli", "strata.deploy.scale_cli"]
 _EXTENSIONS: list = []
 
 

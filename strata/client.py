@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import grpc
@@ -13,7 +15,8 @@ from strata.arrowio import from_ipc, to_ipc
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 
-__all__ = ["Client", "ClientError", "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded"]
+__all__ = ["Client", "ClientError", "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded",
+           "IngestResult"]
 
 
 class ClientError(RuntimeError):
@@ -50,6 +53,137 @@ def _error(e: grpc.RpcError) -> ClientError:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return SessionEnded(f"{code.name}: {details}", code.name, details)
     return ClientError(f"{code.name}: {details}", getattr(code, "name", ""), details)
+
+
+def _lost(e: grpc.RpcError) -> bool:
+    """Whether a failed call means the connection to the master was lost (killed, restarted, network),
+    not a refusal: then the client may reconnect and go on."""
+    code = e.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return True
+    text = (e.details() or "").lower()
+    return code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and \
+        any(w in text for w in ("rst_stream", "stream removed", "socket closed", "connection reset"))
+
+
+@dataclass
+class IngestResult:
+    """What an exactly-once ingest achieved (:meth:`Client.ingest_stream`)."""
+
+    accepted: int = 0  # rows kept and applied (duplicates included: applied once, before)
+    dropped_by_shepherd: int = 0  # rows above the master's level (this producer's own)
+    rejected: int = 0  # 1 if a batch was refused (``error``); the batches after it were not sent
+    error: str = ""
+    chunks: int = 0
+    batches: int = 0  # acknowledged batches
+    duplicates: int = 0  # acknowledged as already applied (re-sent after a lost acknowledgement)
+    reconnects: int = 0  # connections lost and resumed
+    next_seq: int = 1  # the seq the next batch of this producer would get
+
+
+class _Feed:
+    """The batches of an exactly-once ingest: numbered once (``seq``), kept until acknowledged, sent
+    again after a reconnect.  Each call's request iterator (:meth:`requests`) sends the unacknowledged
+    batches in seq order, then new ones while fewer than ``window`` are unacknowledged; an iterator
+    of an abandoned call stops at its next step."""
+
+    def __init__(self, batches: Iterable, make, first_seq: int, window: int):
+        self._src = iter(batches)
+        self._make = make
+        self._src_lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.pending: dict[int, object] = {}  # seq -> message, in seq order, not yet acknowledged
+        self.next_seq = first_seq
+        self.exhausted = False
+        self.attempt = 0
+        self.window = max(1, window)
+        self.error: BaseException | None = None  # raised by the batches' source
+        self.busy = 0  # request iterators running right now (in gRPC's sending thread)
+
+    def requests(self, attempt: int):
+        with self.cond:
+            self.busy += 1
+        try:
+            yield from self._requests(attempt)
+        finally:
+            with self.cond:
+                self.busy -= 1
+                self.cond.notify_all()
+
+    def quiet(self, timeout: float) -> bool:
+        """Wait until no request iterator runs (gRPC's sending thread is out of it); the process may
+        then exit without a gRPC thread in the middle of a send."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.busy == 0, timeout)
+
+    def _requests(self, attempt: int):
+        nxt = -1  # every seq below this was sent by this attempt
+        while True:
+            with self.cond:
+                while True:
+                    if self.attempt != attempt:
+                        return
+                    seq = next((q for q in self.pending if q >= nxt), None)
+                    if seq is not None:
+                        msg = self.pending[seq]
+                        break
+                    if self.exhausted:
+                        return
+                    if len(self.pending) < self.window:
+                        msg = None
+                        break
+                    self.cond.wait(0.5)
+            if msg is not None:
+                nxt = seq + 1
+                with self.cond:  # suspended at the yield: not running (gRPC may never resume it)
+                    self.busy -= 1
+                try:
+                    yield msg
+                finally:
+                    with self.cond:
+                        self.busy += 1
+                continue
+            with self._src_lock:  # outside the condition: the source may wait (a paced producer)
+                if self.exhausted or self.attempt != attempt:
+                    continue
+                try:
+                    item = next(self._src)
+                    msg = self._make(item)
+                except StopIteration:
+                    item = msg = None
+                except BaseException as e:  # noqa: BLE001 - raised again by the caller's thread
+                    with self.cond:
+                        self.error, self.exhausted = e, True
+                        self.cond.notify_all()
+                    return
+                with self.cond:
+                    if msg is None:
+                        self.exhausted = True
+                    else:
+                        msg.seq = self.next_seq
+                        self.pending[self.next_seq] = msg
+                        self.next_seq += 1
+                    self.cond.notify_all()
+
+    def ack(self, seq: int) -> None:
+        with self.cond:
+            for q in [q for q in self.pending if q <= seq]:
+                del self.pending[q]
+            self.cond.notify_all()
+
+    def abandon(self) -> None:
+        """The current call is over: its request iterator stops."""
+        with self.cond:
+            self.attempt += 1
+            self.cond.notify_all()
+
+    def done(self) -> bool:
+        with self.cond:
+            return self.exhausted and not self.pending
+
+    def first_unacked(self) -> int:
+        with self.cond:
+            return next(iter(self.pending), self.next_seq)
 
 
 class Client:
@@ -111,7 +245,33 @@ class Client:
                 raise LoginFailed(e.details()) from None
             raise ClientError(f"{e.code().name}: {e.details()}") from None
         self.token, self.level, self.roles = r.token, r.level, list(r.roles)
+        self._credentials = (user, password, level)  # to log in again after a master restart
         return r.level
+
+    def reconnect(self, deadline: float) -> None:
+        """Wait (until the monotonic ``deadline``) for the master to answer again and log in again with
+        the credentials of the last :meth:`login` (a restarted master without the old session, or an
+        expired one, still lets the client go on)."""
+        creds = getattr(self, "_credentials", None)
+        while True:
+            try:
+                grpc.channel_ready_future(self.channel).result(timeout=max(0.1, deadline - time.monotonic()))
+            except grpc.FutureTimeoutError:
+                raise ClientError("master did not come back in time", "UNAVAILABLE") from None
+            if creds is None:
+                return
+            try:
+                r = self.stub.Login(pb.LoginRequest(user=creds[0], password=creds[1], level=creds[2]),
+                                    timeout=max(1.0, min(self.timeout, deadline - time.monotonic())))
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise LoginFailed(e.details()) from None
+                if not _lost(e) and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() > deadline:
+                    raise _error(e) from None
+                time.sleep(0.2)  # the master is starting: its port answers before its servicer does
+                continue
+            self.token, self.level, self.roles = r.token, r.level, list(r.roles)
+            return
 
     def register(self, queries: list[str]) -> list[pb.RegisteredQuery]:
         try:
@@ -208,6 +368,87 @@ class Client:
             return self.stub.Ingest(gen(), metadata=self._md, timeout=max(self.timeout, 600))
         except grpc.RpcError as e:
             raise _error(e) from None
+
+    def ingest_stream(self, batches: Iterable[tuple], producer_id: str, labelled: bool = False, first_seq: int = 1,
+                      window: int = 8, reconnect_seconds: float = 120.0, on_reconnect=None,
+                      on_ack=None) -> IngestResult:
+        """Send ``(stream, table[, upto])`` batches exactly once (IngestStream), surviving master restarts.
+
+        Each batch gets a sequence number (from ``first_seq``) under ``producer_id`` and is kept until the
+        master acknowledges it (it is then in the master's event log); at most ``window`` batches are
+        unacknowledged at a time.  When the connection is lost the client calls
+        ``on_reconnect(first unacknowledged seq)`` once, waits up to ``reconnect_seconds`` for the
+        master, logs in again and re-sends from the first unacknowledged batch: the master
+        acknowledges the batches it had already logged as duplicates without applying them again.
+        A refused batch ends the ingest (``error`` in the result; nothing after it was applied).
+        ``on_ack(ack)`` sees every acknowledgement."""
+        def make(item) -> pb.IngestBatch:
+            stream, table = item[0], item[1]
+            upto = item[2] if len(item) > 2 else None
+            msg = pb.IngestBatch(stream=stream, labelled=labelled, producer_id=producer_id)
+            if table is not None:
+                msg.arrow = to_ipc(table)
+            if upto is not None:
+                msg.advance_upto = int(upto)
+            return msg
+
+        feed = _Feed(batches, make, first_seq, window)
+        try:
+            return self._ingest_stream(feed, first_seq, reconnect_seconds, on_reconnect, on_ack)
+        finally:
+            feed.abandon()
+            feed.quiet(5.0)
+
+    def _ingest_stream(self, feed: _Feed, first_seq: int, reconnect_seconds: float, on_reconnect,
+                       on_ack) -> IngestResult:
+        out = IngestResult(next_seq=first_seq)
+        deadline = None  # set while the connection is lost
+        while True:
+            attempt = feed.attempt
+            call = None
+            try:
+                call = self.stub.IngestStream(feed.requests(attempt), metadata=self._md)
+                for ack in call:
+                    if ack.error:
+                        feed.abandon()
+                        call.cancel()
+                        out.rejected, out.error = 1, ack.error
+                        out.next_seq = feed.next_seq
+                        return out
+                    feed.ack(ack.seq)
+                    deadline = None  # progress: a later loss gets its own time
+                    out.batches += 1
+                    out.accepted += ack.accepted
+                    out.dropped_by_shepherd += ack.dropped_by_shepherd
+                    out.chunks += ack.chunks
+                    out.duplicates += ack.duplicate
+                    if on_ack is not None:
+                        on_ack(ack)
+                feed.abandon()
+                if feed.error is not None:
+                    raise feed.error
+                if feed.done():
+                    out.next_seq = feed.next_seq
+                    return out
+                # the master ended the stream with batches unacknowledged (it is stopping): go on as
+                # after a lost connection
+                lost = grpc.StatusCode.UNAVAILABLE
+            except grpc.RpcError as e:
+                feed.abandon()
+                if call is not None:
+                    call.cancel()
+                if not _lost(e):
+                    raise _error(e) from None
+                lost = e.code()
+            if deadline is None:
+                deadline = time.monotonic() + reconnect_seconds
+                out.reconnects += 1
+                if on_reconnect is not None:
+                    on_reconnect(feed.first_unacked())
+            elif time.monotonic() > deadline:
+                raise ClientError(f"master did not come back within {reconnect_seconds:.0f} s "
+                                  f"(connection lost: {getattr(lost, 'name', lost)})", "UNAVAILABLE")
+            self.reconnect(deadline)
 
     def advance(self, upto_ts: int = 0, finish: bool = False) -> int:
         """Close instants up to ``upto_ts`` (producer) or finish the input (producer or operator)."""

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 from .lattice import ChineseWall, Lattice, TotalOrder
 
 __all__ = [
     "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING",
-    "load_config", "parse_config",
+    "load_config", "parse_config", "config_of",
 ]
 
 #: attribute types a stream may declare
@@ -43,10 +44,6 @@ SYSTEM_COLUMNS = {"ts": "long", "level": "level"}
 KNOWN_SECTIONS = ("lattice", "time", "streams", "limits", "cluster", "groups", "tls", "security", "sharing")
 #: ``[limits]`` values stay below this, so a timestamp plus a RANGE length or a horizon fits a signed 64-bit long
 MAX_TS_CEILING = 2**62 - 1
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -74,6 +71,9 @@ class Limits:
     advance_horizon: int = 3600
     #: released rows a master keeps per query for subscribers that resume (the oldest go first)
     result_retention_rows: int = 1_000_000
+    #: open Subscribe/Ingest streams a master allows per session and per user (one more: RESOURCE_EXHAUSTED)
+    max_streams_per_session: int = 8
+    max_streams_per_user: int = 64
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,8 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0}
+_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0, "max_streams_per_session": 1,
+              "max_streams_per_user": 1}
 
 
 def _limits(raw: Any, err) -> Limits:
@@ -248,3 +249,14 @@ def _line_of(text: str, section: str, key: str | None) -> int | None:
         if keyre.match(lines[j]):
             return j + 1
     return start + 1
+
+
+def config_of(args):
+    """The configuration named by a command's ``--config``; a bad one ends the command with its
+    one-line reason (exit 1)."""
+    from .errors import CliError
+
+    try:
+        return load_config(args.config)
+    except ConfigError as e:
+        raise CliError(str(e)) from None

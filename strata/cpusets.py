@@ -31,8 +31,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from strata.config import Config, ConfigError
+from strata.errors import CliError, ConfigError
+
+if TYPE_CHECKING:  # only for annotations: strata.config imports this module to check [groups] cpus
+    from strata.config import Config
 
 __all__ = ["CpuSetError", "parse_cpus", "format_cpus", "available_cpus", "level_cpus", "all_level_cpus",
            "check_disjoint", "pin_current_process", "thread_affinities"]
@@ -41,16 +45,7 @@ _ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 MAX_CPU = 4095
 
 
-def _cli_error_base():
-    try:
-        from strata.cli import CliError
-
-        return CliError
-    except Exception:  # pragma: no cover - the CLI is always there in this package
-        return Exception
-
-
-class CpuSetError(ConfigError, _cli_error_base()):
+class CpuSetError(ConfigError, CliError):
     """A bad ``cpus`` setting; also a ``CliError`` so ``strata worker``/``master`` exit 1 with the message."""
 
     def __init__(self, message: str):

@@ -1,15 +1,25 @@
-"""What the master and worker processes share: building a gRPC server, running until a signal."""
+"""What the master and worker processes share: their command-line options, group spec, TLS
+directory and ready file; building a gRPC server; running until a signal."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import signal
+import socket
+import sys
 import threading
+from pathlib import Path
 from concurrent import futures
 from typing import Callable
 
 import grpc
 
-__all__ = ["build_server", "run_until_stopped", "MAX_MESSAGE"]
+from .errors import CliError
+
+__all__ = ["build_server", "run_until_stopped", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
+           "ready_writer", "server_tls", "add_process_options"]
 
 MAX_MESSAGE = 256 * 1024 * 1024
 
@@ -48,3 +58,67 @@ def run_until_stopped(stop_event: threading.Event | None, on_ready: Callable[[],
         stop.wait()
     finally:
         cleanup()
+
+
+def progress(msg: str) -> None:
+    print(f"[strata] {msg}", file=sys.stderr, flush=True)
+
+
+def free_udp_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def group_spec_of(args, cfg, create_key: bool = False):
+    from .groups import group_spec
+
+    spec = group_spec(cfg, args.level, Path(args.state_dir) if args.state_dir else None, create_key=create_key)
+    if getattr(args, "multicast_port", None):
+        from dataclasses import replace
+
+        spec = replace(spec, port=int(args.multicast_port))
+    return spec
+
+
+def ready_writer(path: str | None, role: str):
+    def ready(address, core, member):
+        if path:
+            tmp = Path(path + ".tmp")
+            tmp.write_text(json.dumps({"role": role, "address": address, "pid": os.getpid()}))
+            tmp.replace(path)
+        progress(f"{role} listening on {address}")
+
+    return ready
+
+
+def server_tls(args, cfg, role: str):
+    """The TLS directory a master/worker serves with, or None with --insecure."""
+    from .tls import has_material
+
+    if args.insecure:
+        progress(f"WARNING: {role} runs without TLS (--insecure); only the group key protects it")
+        return None
+    level = cfg.lattice.parse(args.level)
+    tls_dir = Path(args.tls_dir) if args.tls_dir else (Path(args.state_dir) / "tls" if args.state_dir else None)
+    if tls_dir is None or not has_material(tls_dir, role, level):
+        where = tls_dir or "--tls-dir"
+        raise CliError(f"no TLS certificate for the {role} of level {level} in {where}: create one with "
+                       f"`strata certs --config ... --levels {level} --out DIR` and pass --tls-dir DIR "
+                       f"(or --insecure for a development cluster)")
+    return tls_dir
+
+
+def add_process_options(p, level=True) -> None:
+    """The options every process of a level takes (``strata master``, ``strata worker``)."""
+    p.add_argument("--config", required=True)
+    if level:
+        p.add_argument("--level", required=True)
+    p.add_argument("--state-dir", help="where keys, logs and state live")
+    p.add_argument("--multicast-port", type=int, help="override the group's multicast port")
+    p.add_argument("--ready-file", help=argparse.SUPPRESS)
+    if level:
+        p.add_argument("--tls-dir", help="certificates from `strata certs` (default: STATE_DIR/tls)")
+        p.add_argument("--insecure", action="store_true", help="no TLS (development only)")

@@ -271,40 +271,36 @@ def test_split_result_routes_rows_states_and_failures(battlefield):
     assert split_result(ChunkResult("q1", 1, rows.slice(0, 0), error="x", error_ts=1), parts[1:]) == {}
 
 
-def test_backlog_is_spread_over_free_slots_and_paced_chunks_go_alone(battlefield):
+def test_backlog_is_spread_over_workers_and_paced_chunks_go_alone(battlefield):
     core = MasterCore(battlefield, "S")
     core.heartbeat("w1", 0.0, slots=2)
     core.heartbeat("w2", 0.0, slots=2)
     core.register("ana", ["SELECT AVG(bp) FROM Vitals [ROWS 100]"])
     core.ingest("Vitals", _vitals(list(range(1, 11))), None)
-    core.advance(upto_ts=10)  # ten ready chunks, four slots: 3, 3, 2, 2 instants
+    core.advance(upto_ts=10)  # ten ready chunks, two workers: one job of 5 instants each
     sent = core.assignments()
-    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(1, 3), (4, 6), (7, 8), (9, 10)]
-    assert sorted(s for _, s in sent) == ["w1", "w1", "w2", "w2"]
-    assert core.assignments() == []  # no credit left
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(1, 5), (6, 10)]
+    assert sorted(s for _, s in sent) == ["w1", "w2"]
+    assert core.assignments() == []  # nothing left
     c, sid = sent[0]
     res = [ChunkResult(qc.query_id, c.chunk_id, pa.table({"ts": pa.array(qc.instants, pa.int64())}))
            for qc in c.queries]
     released = core.on_result(c.chunk_id, sid, res, span=(c.first_ts, c.last_ts))
-    assert [(r.chunk_id, r.rows.column("ts").to_pylist()) for r in released] == [(1, [1]), (2, [2]), (3, [3])]
+    assert [(r.chunk_id, r.rows.column("ts").to_pylist()) for r in released] == [(k, [k]) for k in range(1, 6)]
     core.ingest("Vitals", _vitals([11]), None)
     core.advance(upto_ts=11)  # paced: one new chunk, a free slot: it goes at once, alone
     assert [(c.first_ts, c.last_ts, s) for c, s in core.assignments()] == [(11, 11, sid)]
-    assert core.timings.summary().get("merged_max") == 3.0
+    assert core.timings.summary().get("merged_max") == 5.0
     core.ingest("Vitals", _vitals(list(range(12, 20))), None)
-    core.advance(upto_ts=19)  # a backlog of 8 while every slot is busy
+    core.advance(upto_ts=19)  # a backlog of 8, a free slot on each worker: one share (8 / 2) each
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(12, 15), (16, 19)]
+    core.ingest("Vitals", _vitals(list(range(20, 28))), None)
+    core.advance(upto_ts=27)  # a backlog of 8 while every slot is busy
     assert core.assignments() == []
     c, sid = sent[1]
     core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
-    # the freed slot takes its share of the backlog (8 / 4 slots), not all of it
-    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(12, 13)]
-    c, sid = sent[2]
-    core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
-    # the next freed slot takes the same share (6 left / 4 slots would be 2 as well; 4 / 4 would be 1)
-    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(14, 15)]
-    c, sid = sent[3]
-    core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
-    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(16, 17)]  # not 4 / 4 = 1
+    # the freed slot takes its worker's share of the backlog, not all of it
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(20, 23)]
 
 
 def test_a_failed_chunk_travels_alone_and_is_given_up_alone(battlefield):
@@ -381,7 +377,7 @@ def test_a_merged_unit_that_runs_out_of_time_goes_back_uncounted_in_halves(battl
 def test_instant_batches_close_only_complete_instants(battlefield, sizes, gaps, other, rows, hidden):
     """The batches are the input in order; every advance closes only instants whose tuples were all
     sent (across both streams), never more than the horizon past the latest kept instant."""
-    from strata.commands import _instant_batches
+    from strata.commands import instant_batches
 
     ts, t = [], 0
     for i, n in enumerate(sizes):
@@ -395,7 +391,7 @@ def test_instant_batches_close_only_complete_instants(battlefield, sizes, gaps, 
     pos = pa.table({"ts": pa.array(pos_ts, pa.int64()), "level": ["C"] * len(pos_ts), "sid": ["a"] * len(pos_ts),
                     "lat": [1.0] * len(pos_ts), "lon": ["E"] * len(pos_ts)})
     inputs = [("Vitals", vit), ("Positions", pos)]
-    out = list(_instant_batches(battlefield, inputs, "S", rows=rows))
+    out = list(instant_batches(battlefield, inputs, "S", rows=rows))
     for name, table in inputs:
         got = [b for s, b, _ in out if s == name and b is not None]
         assert (pa.concat_tables(got).column("ts").to_pylist() if got else []) == table.column("ts").to_pylist()
@@ -416,45 +412,45 @@ def test_instant_batches_close_only_complete_instants(battlefield, sizes, gaps, 
 
 
 def test_embedded_clusters_honour_the_configured_load_reading():
-    from strata.commands import embedded_load_reading
+    from strata.deploy.local import embedded_load_reading
     from strata.examples import BATTLEFIELD_TOML
 
     assert embedded_load_reading(parse_config(BATTLEFIELD_TOML)) == "process"
     assert embedded_load_reading(parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "host"\n')) == "host"
 
 
-def test_fast_input_gathers_for_one_job_time_paced_input_goes_at_once(battlefield):
+def test_fast_input_gathers_for_one_job_time_paced_input_goes_after_a_probe(battlefield):
     now = [0.0]
     core = MasterCore(battlefield, "S", clock=lambda: now[0], linger=True)  # chunk period 1 s
+    probe = core.PROBE_SECONDS
     core.heartbeat("w1", 0.0, slots=2)
     core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 2]"])
     core.ingest("Vitals", _vitals([1]), None)
     core.advance(upto_ts=1)
-    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(1, 1)]  # one advance: at once
-    now[0] = 1.0
+    assert core.assignments() == []  # a lone advance: held for the probe, in case more follows
+    now[0] += probe * 1.01
+    assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(1, 1)]  # none did: it goes
+    now[0] += 1.0
     core.on_result(1, "w1", [], span=(1, 1))
     assert core.job_seconds == pytest.approx(1.0) and core.linger_seconds() == 1.0
     for t in range(2, 8):  # an advance every 0.1 s: input arrives faster than a job takes
         now[0] += 0.1
         core.ingest("Vitals", _vitals([t]), None)
         core.advance(upto_ts=t)
-        got = [(c.first_ts, c.last_ts) for c, _ in core.assignments()]
-        assert got == ([(2, 2)] if t == 2 else [])  # the first after a pause goes at once, then gathering
+        assert core.assignments() == []  # the first after a pause: the probe; then gathering
     now[0] += 0.35
-    assert core.assignments() == []  # chunk 3 has waited 0.75 s, the input may still be flowing
-    now[0] += 0.3  # ... now it has waited one job's time: its share of the backlog goes
+    assert core.assignments() == []  # chunk 2 has waited 0.85 s, the input may still be flowing
+    now[0] += 0.2  # ... now it has waited one job's time: its share of the backlog goes
     sent = core.assignments()
-    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(3, 5)]
-    core.on_result(2, "w1", [], span=(2, 2))
-    assert core.assignments() == []  # a free slot, but chunk 6 has waited 0.75 s only
-    now[0] += 0.3
-    sent += core.assignments()
-    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(3, 5), (6, 7)]  # the same share of that backlog
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(2, 7)]  # one worker: the backlog is its share
+    assert core.assignments() == []  # a free slot, nothing ready
     now[0] += 2.0
     for c, sid in sent:
         core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
     core.ingest("Vitals", _vitals([8]), None)
-    core.advance(upto_ts=8)  # paced: long after the previous advance
+    core.advance(upto_ts=8)  # paced: long after the previous advance, it waits for the probe only
+    assert core.assignments() == []
+    now[0] += probe * 1.01
     sent = core.assignments()
     assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(8, 8)]
     for c, sid in sent:

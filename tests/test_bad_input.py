@@ -15,7 +15,7 @@ from strata.client import Client, QueryRejected
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.tls import secure_channel
-from strata.commands import start_cluster, stop_cluster
+from strata.deploy.local import start_cluster, stop_cluster
 from strata.config import load_config
 from strata.groups import group_spec
 

@@ -18,14 +18,14 @@ import pyarrow as pa
 import pytest
 
 from strata.client import Client
-from strata.commands import start_cluster, stop_cluster
+from strata.deploy.local import start_cluster, stop_cluster
 from strata.config import load_config
 from strata.groups import AUTH_HEADER, group_spec, sign_request
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import ROLES, UserStore
 from strata.tls import issue, make_ca, secure_channel
-from strata.worker.group import Heartbeat, encode_heartbeat
+from strata.groups.membership import Heartbeat, encode_heartbeat
 
 from .conftest import BATTLEFIELD_TOML, CHINESE_WALL_TOML
 from .polling import poll
@@ -207,7 +207,7 @@ def test_wrong_level_login_and_unsigned_worker_calls_refused(cluster):
     cfg = load_config(cluster["config"])
     ts_key = group_spec(cfg, "TS", cluster["state"]).key
     req = pb.ExecuteRequest(level="TS", chunk=b"")
-    from strata.worker.server import execute_digest
+    from strata.groups import execute_digest
 
     with pytest.raises(grpc.RpcError) as e:  # a TS master's key and level do not drive an S worker
         stub.Execute(req, metadata=((AUTH_HEADER, sign_request(ts_key, "TS", execute_digest(req))),), timeout=10)

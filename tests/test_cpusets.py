@@ -54,7 +54,7 @@ def test_format_parse_round_trip(cpus):
 
 
 def test_errors_are_config_and_cli_errors():
-    from strata.cli import CliError
+    from strata.errors import CliError
 
     with pytest.raises(ConfigError) as e:
         parse_cpus("x")
@@ -149,7 +149,7 @@ def test_worker_and_its_spark_jvm_run_on_the_levels_cpus(tmp_path):
     """A real ``strata worker`` with ``cpus``: the worker and every thread of its JVM are pinned."""
     import psutil
 
-    from strata.commands import _free_udp_port
+    from strata.serving import free_udp_port
     from strata.groups import group_spec
 
     target = CPUS[-1]
@@ -161,7 +161,7 @@ def test_worker_and_its_spark_jvm_run_on_the_levels_cpus(tmp_path):
     with open(tmp_path / "worker.log", "wb") as log:
         w = subprocess.Popen([sys.executable, "-m", "strata", "worker", "--config", str(cfg_path), "--level", "S",
                               "--state-dir", str(state), "--insecure", "--ready-file", str(ready),
-                              "--multicast-port", str(_free_udp_port())],
+                              "--multicast-port", str(free_udp_port())],
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240

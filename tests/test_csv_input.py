@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from strata.cli import EXIT_REJECTED, CliError
+from strata.errors import EXIT_REJECTED, CliError
 from strata.commands import read_input
 from strata.config import parse_config
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from strata.client import Client
-from strata.commands import start_cluster, stop_cluster
+from strata.deploy.local import start_cluster, stop_cluster
 from strata.config import parse_config
 
 from .conftest import BATTLEFIELD_TOML

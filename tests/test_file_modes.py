@@ -74,7 +74,7 @@ def test_group_key_and_tls_directories_are_private(tmp_path, loose_umask):
 
 def test_start_cluster_state_directories_are_private(tmp_path, loose_umask, monkeypatch):
     """Only the directory lines of start_cluster, without starting anything."""
-    from strata import commands
+    from strata.deploy import local
 
     class Stop(Exception):
         pass
@@ -82,12 +82,12 @@ def test_start_cluster_state_directories_are_private(tmp_path, loose_umask, monk
     def stop(*a, **k):
         raise Stop
 
-    monkeypatch.setattr(commands, "_free_udp_port", stop)  # right after the directories are made
+    monkeypatch.setattr(local, "free_udp_port", stop)  # right after the directories are made
     state = tmp_path / "cluster"
     from strata.examples import BATTLEFIELD_TOML
 
     cfg = tmp_path / "strata.toml"
     cfg.write_text(BATTLEFIELD_TOML)
     with pytest.raises(Stop):
-        commands.start_cluster(str(cfg), ["S"], 0, state, multicast_port=None)
+        local.start_cluster(str(cfg), ["S"], 0, state, multicast_port=None)
     assert [mode(p) for p in (state, state / "logs", state / "run")] == [0o700] * 3

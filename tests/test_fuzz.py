@@ -12,7 +12,7 @@ from strata.chunking.codec import decode_chunk, decode_result
 from strata.master.pipeline import QueryPipeline
 from strata.master.shepherd import ShepherdError
 from strata.mlscql import QueryError, compile_query
-from strata.worker.group import GroupTable
+from strata.groups.membership import GroupTable
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

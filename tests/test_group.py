@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from strata.worker.group import GroupMember, GroupSpec, GroupTable, Heartbeat, encode_heartbeat
+from strata.groups.membership import GroupMember, GroupSpec, GroupTable, Heartbeat, encode_heartbeat
 
 from .polling import poll
 

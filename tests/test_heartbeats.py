@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata.worker.group import (
+from strata.groups.membership import (
     MAGIC, MARK_KEEP, MAX_CLAIMED_SIDS, MAX_CLAIMS_PER_SID, AddressProofs, AddressProver, GroupMember, GroupSpec,
-    GroupTable, Heartbeat, HeartbeatError, Identity, _receiver, decode_heartbeat, encode_heartbeat, encode_payload,
+    GroupTable, Heartbeat, HeartbeatError, Identity, receiver, decode_heartbeat, encode_heartbeat, encode_payload,
     info_probe, seal, validate_fields,
 )
 
@@ -488,7 +488,7 @@ def test_sender_survives_a_failing_or_nan_load_reading():
 def test_datagrams_on_the_wire_reveal_nothing():
     """Captured from the group as any local process could: no address, pid or load in the bytes."""
     spec = GroupSpec("S", "239.255.78.11", free_udp_port(), KEY, interval=0.05)
-    rx = _receiver(spec)
+    rx = receiver(spec)
     rx.settimeout(5.0)
     m = GroupMember(spec, sid="127.0.0.1:45678", load=lambda: 42.75).start()
     try:

@@ -18,11 +18,11 @@ import pyarrow as pa
 import pytest
 
 from strata.client import Client
-from strata.commands import restart_process, start_cluster, stop_cluster
+from strata.deploy.local import restart_process, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.groups import group_spec
 from strata.users import ROLES, UserStore
-from strata.worker.group import Heartbeat, Identity, _receiver, encode_heartbeat, encode_payload, seal
+from strata.groups.membership import Heartbeat, Identity, receiver, encode_heartbeat, encode_payload, seal
 
 from .conftest import BATTLEFIELD_TOML
 from .polling import poll, wait_for
@@ -122,7 +122,7 @@ class Forger:
 
 def capture(cluster, n: int, seconds: float = 10.0) -> list[bytes]:
     """Real heartbeats off the group, as any local process can read (and later replay) them."""
-    rx = _receiver(cluster["spec"])
+    rx = receiver(cluster["spec"])
     rx.settimeout(0.2)
     out, deadline = [], time.monotonic() + seconds
     try:

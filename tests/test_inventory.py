@@ -378,7 +378,7 @@ def test_agent_start_status_stop(tmp_path):
 
 
 def test_agent_probe_hears_a_loopback_group(tmp_path):
-    from strata.worker.group import GroupMember, GroupSpec
+    from strata.groups.membership import GroupMember, GroupSpec
 
     key = os.urandom(32)
     (tmp_path / "S.key").write_text(key.hex())
@@ -402,7 +402,7 @@ def test_agent_probe_hears_a_loopback_group(tmp_path):
 
 
 # ---- up/status/down on this machine (loopback, a master only: no Spark) ---------------------------------
-from strata.commands import _free_udp_port  # noqa: E402
+from strata.serving import free_udp_port  # noqa: E402
 
 
 LOCAL = """\
@@ -434,7 +434,7 @@ def _deploy(*args):
 
 def test_local_up_status_down(cfgdir):
     inv = cfgdir / "inv.toml"
-    inv.write_text(LOCAL.format(python=sys.executable, octet=os.getpid() % 200 + 1, port=_free_udp_port(),
+    inv.write_text(LOCAL.format(python=sys.executable, octet=os.getpid() % 200 + 1, port=free_udp_port(),
                                 state=cfgdir / "state", config=cfgdir / "strata.toml"))
     r = _deploy("up", "--inventory", str(inv))
     try:
@@ -462,7 +462,7 @@ def test_local_up_status_down(cfgdir):
 def test_local_up_fails_with_the_log_tail_and_cleans_up(cfgdir):
     inv = cfgdir / "inv.toml"
     # the host's config path does not exist there (and is not pushed): the master exits at once
-    inv.write_text(LOCAL.format(python=sys.executable, octet=os.getpid() % 200 + 1, port=_free_udp_port(),
+    inv.write_text(LOCAL.format(python=sys.executable, octet=os.getpid() % 200 + 1, port=free_udp_port(),
                                 state=cfgdir / "state", config="/nonexistent/strata.toml")
                    .replace("tls = false", "tls = false\npush_config = false"))
     r = _deploy("up", "--inventory", str(inv))

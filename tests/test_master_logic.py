@@ -328,7 +328,7 @@ def test_failed_query_stops_in_chunk_order_others_flow(battlefield, tmp_path):
     from strata.master.store import MasterStore, config_fingerprint
 
     store = MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(battlefield))
-    core = MasterCore(battlefield, "S", store=store, max_in_flight=10)
+    core = MasterCore(battlefield, "S", store=store, max_in_flight=10, adaptive=False)  # one job per chunk
     core.heartbeat("w1", 5.0)
     bad, good = (i.query_id for i in core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 5]",
                                                             "SELECT COUNT(*) FROM Vitals [ROWS 2]"]))
@@ -362,7 +362,8 @@ def test_failed_query_stops_in_chunk_order_others_flow(battlefield, tmp_path):
 
 def test_chunk_retries_are_capped_then_later_chunks_flow(battlefield):
     now = [100.0]
-    core = MasterCore(battlefield, "S", clock=lambda: now[0], max_in_flight=10, chunk_retries=3)
+    core = MasterCore(battlefield, "S", clock=lambda: now[0], max_in_flight=10, chunk_retries=3,
+                      adaptive=False)  # one job per chunk
     core.heartbeat("w1", 5.0)
     a = core.register("ana", ["SELECT COUNT(*) FROM Vitals [NOW]"])[0].query_id
     b = core.register("bob", ["SELECT COUNT(*) FROM Vitals [NOW level in {U}]"])[0].query_id

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from strata.client import Client, PermissionDenied, SessionEnded
-from strata.commands import restart_process, start_cluster, stop_cluster
+from strata.deploy.local import restart_process, start_cluster, stop_cluster
 from strata.config import load_config
 
 from .conftest import BATTLEFIELD_TOML

@@ -393,7 +393,7 @@ def _exposed(pids) -> list[tuple]:
                 out.append((pid, cmd[:80], "tcp", c.laddr.ip, c.laddr.port))
             elif c.type == so.SOCK_DGRAM and not c.raddr and "strata worker" not in cmd:
                 # (a strata worker's heartbeat *sender* is an unbound UDP socket that sendto() binds to
-                # 0.0.0.0:ephemeral -- worker/group.py, reported separately; everything else must not)
+                # 0.0.0.0:ephemeral -- strata/groups/membership.py, reported separately; everything else must not)
                 out.append((pid, cmd[:80], "udp", c.laddr.ip, c.laddr.port))
     return out
 
@@ -405,7 +405,7 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
     import pyarrow as pa
 
     from strata.client import Client
-    from strata.commands import start_cluster, stop_cluster
+    from strata.deploy.local import start_cluster, stop_cluster
     from strata.examples import BATTLEFIELD_TOML
 
     from .test_cluster_e2e import PASSWORD, write_config

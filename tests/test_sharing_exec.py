@@ -19,12 +19,32 @@ from strata.chunking.codec import decode_result, encode_chunk
 from strata.config import parse_config
 from strata.mlscql import QueryError, compile_query, parse, to_text
 from strata.mlscql import ast as A
-from strata.worker.shared import SharedExecutor, run_pipeline
+from strata.master.local import collect, cut_chunks
+from strata.worker.shared import SharedExecutor
 
 from .reference.evaluator import compare_results, evaluate
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of, rows_of
 from .test_sharing import HL_TOML, SECTION_6_3, TABLE_5_1, UCST_TOML
+
+
+def run_pipeline(config, level: str, queries: list[str], inputs: dict, engine,
+                 enabled: bool = True, chunk_instants: int = 1, executor: SharedExecutor | None = None,
+                 order=None) -> tuple[dict, SharedExecutor]:
+    """One process: the master pipeline cuts chunks, a :class:`SharedExecutor` evaluates them.
+
+    Returns results per query id (``q1``, ``q2``, … in order of ``queries``) and
+    the executor (its counters tell how much was shared).  ``order(chunks)``
+    may permute the chunks (out-of-order completion).
+    """
+    p, ids, chunks = cut_chunks(config, level, queries, inputs, chunk_instants)
+    ex = executor or SharedExecutor(engine, config, enabled=enabled)
+    released = []
+    for chunk in (order(chunks) if order else chunks):
+        results = ex.run(p.queries, chunk.queries)
+        released.extend(p.complete(chunk.chunk_id, results))
+    return collect(released, {qid: p.queries[qid] for qid in ids}), ex
+
 
 pytestmark = pytest.mark.spark
 

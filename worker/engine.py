@@ -514,10 +514,15 @@ def _span(window: A.Window, instant_seconds: float) -> int | None:
     return None
 
 
-def _members(ts: np.ndarray, end: np.ndarray, instants: list[int]) -> int:
-    """How many (row, instant) pairs have the instant in the row's interval ``[ts, end)``."""
+def _members(ts: np.ndarray, end: np.ndarray, instants: list[int]) -> tuple[int, np.ndarray]:
+    """(how many (row, instant) pairs have the instant in the row's interval ``[ts, end)``,
+    per instant of ``instants`` (ascending) whether some row's interval holds it)."""
     ins = np.asarray(instants, dtype=np.int64)
-    return int(np.sum(np.searchsorted(ins, end, side="left") - np.searchsorted(ins, ts, side="left")))
+    first = np.searchsorted(ins, ts, side="left")
+    last = np.searchsorted(ins, end, side="left")
+    k = len(ins)
+    opened = np.cumsum(np.bincount(first, minlength=k + 1) - np.bincount(last, minlength=k + 1))[:k]
+    return int(np.sum(last - first)), opened > 0
 
 
 class _Deferred(Exception):
@@ -542,6 +547,10 @@ class _Run:
         self.defer = defer
         self.rows_in = 0  # rows sent to Spark
         self.explode = 0  # (row, evaluated instant) pairs of rows in windows (Arrow membership)
+        #: per evaluated instant, whether every item's window holds a tuple there (known only
+        #: with Arrow membership; None: unknown).  See :meth:`_every_instant_has_rows`.
+        self.covered: np.ndarray | None = None
+        self._cover_known = True
         self.spark = engine.spark
         self.lattice = engine.lattice
         self.cq = cq
@@ -701,7 +710,13 @@ class _Run:
             if end is not None:
                 end = end[keep]
         self.rows_in += table.num_rows
-        self.explode += table.num_rows if end is None else _members(ts if keep is None else ts[keep], end, self.evals)
+        if end is None:
+            self.explode += table.num_rows
+            self._cover_known = False
+        else:
+            pairs, cover = _members(ts if keep is None else ts[keep], end, self.evals)
+            self.explode += pairs
+            self.covered = cover if self.covered is None else self.covered & cover
 
         levels = table.column(key("level")).cast(pa.string())
         arrays = [table.column(key("ts")).cast(pa.int64()), self.e.masks_of(levels)]
@@ -974,7 +989,14 @@ class _Run:
         group that failed is kept whatever HAVING says: it carries the instant's failure."""
         source = partials
         parts = [p.name for p in self._partials()]
-        if not self.q.group_by:
+        if not self.q.group_by and self._every_instant_has_rows():
+            # every instant already has its row: the join below would add none (one shuffle less)
+            cols = [TAU] + [
+                f"coalesce({c}, CAST(0 AS BIGINT)) AS {c}" if c in (ROWS, MASK) else c
+                for c in [ROWS, MASK] + parts
+            ] + ([ERR] if self.row_err else [])
+            source = self._cte("f", f"SELECT {', '.join(cols)} FROM {partials}")
+        elif not self.q.group_by:
             # exactly one row per instant, even with no input rows (COUNT 0, others NULL, level bottom)
             zero = {ROWS, MASK} | {p.name for p in self._partials() if p.kind == "cnt"}
             cols = [TAU] + [
@@ -1006,6 +1028,15 @@ class _Run:
             err = f"coalesce({', '.join(later)})" if len(later) > 1 else (later[0] if later else "CAST(NULL AS INT)")
             err = f", {err} AS {ERR}"
         return self._cte("r", f"SELECT {TAU}, {MASK}, {self._select_list()}{err} FROM {source}{having}")
+
+    def _every_instant_has_rows(self) -> bool:
+        """Whether the aggregation without GROUP BY has a group at every evaluated instant on its
+        own: no WHERE, and (Arrow membership) every item's window holds a tuple at every
+        evaluated instant, so the join of window contents on ``_tau`` is non-empty there.  Then
+        :meth:`_finalize` needs no outer join with the instants (a shuffle, a sort-merge join
+        and a stage: 137 → 129 ms of a warm 5-instant ROWS chunk, up to a third in isolation)."""
+        return (not self.where_parts and self._cover_known and self.covered is not None
+                and len(self.covered) == len(self.evals) and bool(self.covered.all()))
 
     @staticmethod
     def _ungrouped(c: A.Column) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -11,27 +10,16 @@ import time
 
 import grpc
 
-from strata.groups import AUTH_HEADER, verify_request
+from strata.groups import AUTH_HEADER, execute_digest, verify_request
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.serving import build_server, run_until_stopped
 
 from .service import QuerySpecData, WorkerCore, WorkerRefused, one_line
 
-__all__ = ["WorkerServicer", "serve_worker", "execute_digest"]
+__all__ = ["WorkerServicer", "serve_worker"]
 
 log = logging.getLogger("strata.worker")
-
-
-def execute_digest(req: pb.ExecuteRequest) -> bytes:
-    """What the group MAC of an Execute call covers: level, queries and chunk bytes."""
-    h = hashlib.sha256()
-    h.update(req.level.encode())
-    for q in req.queries:
-        h.update(b"\x00" + q.query_id.encode() + b"\x00" + q.level.encode() + b"\x00" + q.text.encode())
-    h.update(b"\x01")
-    h.update(req.chunk)
-    return h.digest()
 
 
 class WorkerServicer(rpc.WorkerServicer):
@@ -69,7 +57,7 @@ class WorkerServicer(rpc.WorkerServicer):
 
     def Info(self, request, context):
         """This worker's status; ``identity_key`` is the key its heartbeats are signed with,
-        which the master binds to this address before it lists the worker (worker/group.py)."""
+        which the master binds to this address before it lists the worker (strata/groups/membership.py)."""
         self._auth(context, self.core.level, b"info")
         st = self.core.stats()
         cpu, state, identity = 0.0, "ready", b""
@@ -81,162 +69,6 @@ class WorkerServicer(rpc.WorkerServicer):
                                refused=st["refused"], identity_key=identity)
 
 
-#: seconds of warm-up chunks before the worker reports ready (the first step always runs;
-#: ``STRATA_WARMUP_SECONDS``; docs/benchmarks/engine.md measures first-chunk latency against it)
-WARMUP_SECONDS = 6.0
-
-
-def _warm_queries(config, level: str) -> list[tuple[str, object]]:
-    """(kind, compiled query) of the shapes real chunks take, over the config's first stream
-    that has a numeric attribute: ROWS aggregate, grouped aggregate, ISTREAM selection and
-    self-join (small, pruned chunks: the interpreted session, several queries in one
-    statement), RANGE grouped aggregate over many instants (the code-generating session and
-    the pre-aggregation) and an unbounded aggregate (running state)."""
-    from strata.mlscql import compile_query
-
-    for stream in config.streams.values():
-        num = next((c for c, t in stream.columns if t == "double"), None) or \
-            next((c for c, t in stream.columns if t in ("long", "timestamp")), None)
-        if num is None:
-            continue
-        key = next((c for c, t in stream.columns if t == "string"), None) or \
-            next((c for c, t in stream.columns if c != num), num)
-        s = stream.name
-        texts = [
-            ("small", f"SELECT AVG({num}) FROM {s} [ROWS 100]"),
-            ("small", f"SELECT {key}, AVG({num}) FROM {s} [ROWS 100] GROUP BY {key}"),
-            ("small", f"SELECT {key}, {num} FROM {s} [ROWS 100] WHERE {num} > 0"),
-            ("small", f"SELECT a.{key}, a.{num}, b.{num} FROM {s} [ROWS 10] a, {s} [ROWS 10] b "
-                      f"WHERE a.{key} = b.{key}"),
-            ("range", f"SELECT {key}, COUNT(*), AVG({num}) FROM {s} [RANGE 10 SECONDS] GROUP BY {key}"),
-            ("state", f"SELECT {key}, COUNT(*), SUM({num}) FROM {s} GROUP BY {key}"),
-        ]
-        out = []
-        for kind, text in texts:
-            try:
-                out.append((kind, compile_query(text, config, level)))
-            except Exception:  # noqa: BLE001 - e.g. a key type the query cannot group by
-                continue
-        return out
-    return []
-
-
-def _warm_table(stream, level: str, instants: list[int], per_instant: int, seed: int):
-    """``per_instant`` synthetic tuples of ``stream`` at ``level`` for each instant."""
-    import numpy as np
-    import pyarrow as pa
-
-    from strata.arrowio import ARROW_TYPES
-
-    rng = np.random.default_rng(seed)
-    ts = np.repeat(np.asarray(instants, dtype=np.int64), per_instant)
-    n = len(ts)
-    cols = {"_seq": pa.array(np.arange(n, dtype=np.int64)), "ts": pa.array(ts), "level": pa.array([level] * n)}
-    for name, typ in stream.columns:
-        if typ == "string":
-            arr = pa.array(np.char.add("k", rng.integers(0, 50, n).astype(str)))
-        elif typ == "double":
-            arr = pa.array(rng.normal(100.0, 10.0, n))
-        elif typ in ("long", "timestamp"):
-            arr = pa.array(rng.integers(0, 1000, n))
-        else:
-            arr = pa.array(rng.random(n) < 0.5)
-        cols[name] = arr.cast(ARROW_TYPES[typ])
-    return pa.table(cols)
-
-
-def warm_up(engine, config, level: str, budget: float | None = None, rounds: int | None = None) -> dict:
-    """Evaluate representative chunks so the first real chunk is not the JVM's first: the JIT,
-    class loading and generated code are then warm for the paths real chunks take
-    (``createDataFrame`` from Arrow, the statement shapes of ROWS/RANGE/aggregate/join/state
-    queries, shared plans and several queries in one statement, ``toArrow``).
-
-    Steps, in order of how much they buy: the small queries' chunk of three instants through
-    the shared executor (the JVM's first statement pays most of the cold cost), each small
-    query alone on one instant, a RANGE chunk of 25 instants (code generation, pre-aggregation),
-    a running state; then again on other instants.  The first step always runs; the next ones
-    while less than ``budget`` seconds (default ``STRATA_WARMUP_SECONDS``, else
-    :data:`WARMUP_SECONDS`; negative: no warm-up at all) have passed, and at most ``rounds``
-    times through all steps.  Never fatal.  Returns what it did."""
-    from strata.chunking.model import QueryChunk
-    from strata.chunking.prune import prune_query_chunk
-
-    from .shared import SharedExecutor
-
-    if budget is None:
-        budget = float(os.environ.get("STRATA_WARMUP_SECONDS", WARMUP_SECONDS))
-    t0 = time.perf_counter()
-    done = {"steps": 0, "rounds": 0, "seconds": 0.0, "first_step": None}
-    if budget < 0:
-        return done
-    try:
-        queries = _warm_queries(config, level)
-        if not queries:
-            return done
-        stream = config.streams[queries[0][1].items[0].stream]
-        executor = SharedExecutor(engine, config, enabled=True)
-        lv = config.lattice.parse(level)
-        small = {f"w{k}": cq for k, (kind, cq) in enumerate(queries) if kind == "small"}
-
-        def batch(base):
-            table = _seq(_warm_table(stream, lv, [base], 100, seed=base),
-                         _warm_table(stream, lv, [base + 1, base + 2, base + 3], 300, seed=base + 1))
-            chunks = [prune_query_chunk(cq, QueryChunk(qid, -1, [table] * len(cq.items), [base + 1, base + 2, base + 3],
-                                                       prev_instant=base)) for qid, cq in small.items()]
-            executor.run(small, chunks)
-
-        def alone(qid, cq):
-            def step(base):
-                one = _seq(_warm_table(stream, lv, [base + 3], 100, seed=base + 2),
-                           _warm_table(stream, lv, [base + 4], 300, seed=base + 3))
-                engine.run(cq, prune_query_chunk(cq, QueryChunk(qid, -1, [one] * len(cq.items), [base + 4],
-                                                                prev_instant=base + 3)))
-            return step
-
-        def ranged(cq):
-            def step(base):
-                t = _warm_table(stream, lv, list(range(base + 100, base + 134)), 1000, seed=base + 4)
-                engine.run(cq, QueryChunk("range", -1, [t], list(range(base + 109, base + 134)),
-                                          prev_instant=base + 108))
-            return step
-
-        def state(cq):
-            def step(base):
-                t = _warm_table(stream, lv, list(range(base + 200, base + 205)), 200, seed=base + 5)
-                engine.run(cq, QueryChunk("state", -1, [t], list(range(base + 200, base + 205))))
-            return step
-
-        steps = ([batch] if small else []) + [alone(q, cq) for q, cq in small.items()]
-        steps += [ranged(cq) for kind, cq in queries if kind == "range"]
-        steps += [state(cq) for kind, cq in queries if kind == "state"]
-        while True:
-            base = 1000 * (done["rounds"] + 1)
-            for step in steps:
-                step(base)
-                done["steps"] += 1
-                elapsed = time.perf_counter() - t0
-                if done["first_step"] is None:
-                    done["first_step"] = round(elapsed, 3)
-                if elapsed >= budget:
-                    break
-            else:
-                done["rounds"] += 1
-                if rounds is None or done["rounds"] < rounds:
-                    continue
-            break
-    except Exception as e:  # noqa: BLE001 - never fatal: the first real chunk just pays the cost
-        log.warning("warm-up failed: %s", e)
-    done["seconds"] = round(time.perf_counter() - t0, 3)
-    return done
-
-
-def _seq(legacy, new):
-    """``legacy`` then ``new`` as one item table with increasing ``_seq``."""
-    import numpy as np
-    import pyarrow as pa
-
-    t = pa.concat_tables([legacy, new])
-    return t.set_column(0, "_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))
 
 
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
@@ -252,13 +84,15 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     without it (``--insecure``) it relies on the group key alone.
     """
     from strata.worker.engine import Engine
-    from strata.worker.group import GroupMember
+    from strata.groups.membership import GroupMember
     from strata.worker.spark import get_session
 
     t0 = time.perf_counter()
     spark = get_session(master=spark_master, app_name=f"strata-worker-{level}", build_cds=True)
     t_session = time.perf_counter() - t0
     engine = Engine(spark, config)
+    from .warmup import warm_up
+
     warm = warm_up(engine, config, level)
     print(f"[strata] worker start-up: Spark session {t_session:.1f} s, warm-up {warm['seconds']:.1f} s "
           f"({warm['steps']} chunks)", file=sys.stderr, flush=True)

@@ -315,22 +315,3 @@ def _difference(t: pa.Table, evals: list[int], instants: list[int], r2s: str) ->
     out = out.set_column(0, out.schema.field(0), pa.array(np.concatenate(new_ts), pa.int64()))
     return out.sort_by([("ts", "ascending")]) if out.num_rows > 1 else out
 
-
-def run_pipeline(config, level: str, queries: list[str], inputs: dict[str, pa.Table], engine,
-                 enabled: bool = True, chunk_instants: int = 1, executor: SharedExecutor | None = None,
-                 order=None) -> tuple[dict[str, pa.Table | None], SharedExecutor]:
-    """One process: the master pipeline cuts chunks, a :class:`SharedExecutor` evaluates them.
-
-    Returns results per query id (``q1``, ``q2``, … in order of ``queries``) and
-    the executor (its counters tell how much was shared).  ``order(chunks)``
-    may permute the chunks (out-of-order completion).
-    """
-    from strata.master.local import collect, cut_chunks
-
-    p, ids, chunks = cut_chunks(config, level, queries, inputs, chunk_instants)
-    ex = executor or SharedExecutor(engine, config, enabled=enabled)
-    released = []
-    for chunk in (order(chunks) if order else chunks):
-        results = ex.run(p.queries, chunk.queries)
-        released.extend(p.complete(chunk.chunk_id, results))
-    return collect(released, {qid: p.queries[qid] for qid in ids}), ex

@@ -237,7 +237,7 @@ def build_archive(timeout: float = 600.0) -> Path | None:
             from strata.config import parse_config
 
             from .engine import Engine
-            from .server import warm_up
+            from .warmup import warm_up
 
             cfg = parse_config(BATTLEFIELD_TOML)
             warm_up(Engine(session, cfg), cfg, cfg.lattice.levels[-1], budget=float("inf"), rounds=1)

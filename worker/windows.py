@@ -157,12 +157,17 @@ def membership_sql(source: str, columns: list[str], ts: str, end: str | None, in
     A row in no window is dropped; a row in k windows appears k times.
     ``end`` may be a window function (``end_sql``); NULL means ∞.  ``pruned``: every row of
     ``source`` is known to be in at least one window (``useful_rows`` dropped the others), so
-    no filter before the explode is needed.  The instants appear only as an array literal, so
-    the statement's generated code is the same for every chunk (see :func:`instants_sql`).
+    no filter before the explode is needed (and with one instant, no membership test at all).
+    The instants appear only as an array literal, so the statement's generated code is the same
+    for every chunk (see :func:`instants_sql`).
     """
     ins = sorted(set(int(t) for t in instants))
     cols = ", ".join(columns)
     lo, hi = ins[0], ins[-1]
+    if pruned and len(ins) == 1:
+        # every row is in the window at the one instant: no per-row lambda (a chunk of one
+        # instant, e.g. paced input, or RANGE windows one instant at a time)
+        return f"SELECT {cols}, explode({instants_sql(ins)}) AS {TAU} FROM {source}"
     if end is not None:
         source = f"(SELECT *, {end} AS {END} FROM {source})"
         keep = f"{ts} <= {hi} AND ({END} IS NULL OR {END} > {lo})"

@@ -24,6 +24,7 @@ never contains data.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 
 from ..config import Config, StreamSchema
@@ -37,7 +38,7 @@ from .printer import expr_text, to_text
 
 __all__ = [
     "CompiledQuery", "ItemInfo", "OutputColumn", "QueryError", "LimitError", "SemanticError",
-    "AuthorizationError", "OptimizationError", "compile_query", "analyze", "NUMERIC",
+    "AuthorizationError", "OptimizationError", "compile_query", "analyze", "NUMERIC", "LegacyMode", "legacy_mode",
 ]
 
 NUMERIC = ("long", "double", "timestamp")
@@ -54,6 +55,15 @@ class ItemInfo:
 class OutputColumn:
     name: str
     type: str  # string | long | double | boolean | timestamp | level | null
+
+
+class LegacyMode(enum.Enum):
+    """How a query's history before a chunk reaches the worker."""
+
+    WINDOW = "window"  # bounded legacy per FROM item (ROWS/RANGE/NOW/PARTITION)
+    STATE = "state"  # unbounded aggregate over one FROM item: running state snapshot
+    NONE = "none"  # unbounded, one FROM item, no aggregate, ISTREAM/DSTREAM: no history needed
+    HISTORY = "history"  # unbounded otherwise (joins, RSTREAM of a selection): full visible history
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,11 @@ class CompiledQuery:
     def window_levels(self, i: int) -> frozenset[str]:
         return self.query.from_[i].window.levels
 
+    @property
+    def legacy_mode(self) -> "LegacyMode":
+        """How chunks of this query carry its history (:func:`legacy_mode`)."""
+        return legacy_mode(self)
+
     def to_json(self) -> dict:
         wins = []
         for item, f in zip(self.items, self.query.from_):
@@ -101,6 +116,26 @@ class CompiledQuery:
             "columns": [{"name": c.name, "type": c.type} for c in self.outputs],
             "notes": list(self.notes),
         }
+
+
+def legacy_mode(cq) -> LegacyMode:
+    """How chunks of compiled query ``cq`` carry history.
+
+    Bounded windows (ROWS, RANGE, NOW, PARTITION BY) always carry a bounded
+    per-item legacy.  With a ``[RANGE UNBOUNDED]`` item: one item with an
+    aggregate → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
+    result only changes by the rows of new tuples); anything else → HISTORY
+    (every visible tuple of the unbounded items is legacy).
+    """
+    kinds = [f.window.kind for f in cq.query.from_]
+    if "unbounded" not in kinds:
+        return LegacyMode.WINDOW
+    if len(kinds) == 1:
+        if cq.is_aggregate:
+            return LegacyMode.STATE
+        if cq.r2s in ("ISTREAM", "DSTREAM"):
+            return LegacyMode.NONE
+    return LegacyMode.HISTORY
 
 
 def compile_query(text: str, config: Config, level: str) -> CompiledQuery:

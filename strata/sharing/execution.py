@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from strata.chunking.model import LegacyMode, legacy_mode
+from strata.mlscql.analyze import LegacyMode, legacy_mode
 from strata.mlscql import ast as A
 from strata.mlscql.analyze import CompiledQuery, OutputColumn
 

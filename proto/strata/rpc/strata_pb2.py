@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strata/rpc/strata.proto\x12\nstrata.rpc\"\x07\n\x05\x45mpty\"=\n\x0cLoginRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\"O\n\nLoginReply\x12\r\n\x05token\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x14\n\x0cmaster_level\x18\x03 \x01(\t\x12\r\n\x05roles\x18\x04 \x03(\t\"\"\n\x0fRegisterRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\"T\n\x0fRegisteredQuery\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x11\n\trewritten\x18\x02 \x01(\t\x12\x0b\n\x03r2s\x18\x03 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\"=\n\rRegisterReply\x12,\n\x07queries\x18\x01 \x03(\x0b\x32\x1b.strata.rpc.RegisteredQuery\">\n\x10SubscribeRequest\x12\x11\n\tquery_ids\x18\x01 \x03(\t\x12\x17\n\x0fresume_after_ts\x18\x02 \x01(\x03\"|\n\x0bResultBatch\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x10\n\x08\x66irst_ts\x18\x02 \x01(\x03\x12\x0f\n\x07last_ts\x18\x03 \x01(\x03\x12\r\n\x05\x61rrow\x18\x04 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\"j\n\x0bIngestBatch\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x61rrow\x18\x02 \x01(\x0c\x12\x10\n\x08labelled\x18\x03 \x01(\x08\x12\x19\n\x0c\x61\x64vance_upto\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_advance_upto\"m\n\x0bIngestReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x1b\n\x13\x64ropped_by_shepherd\x18\x02 \x01(\x03\x12\x10\n\x08rejected\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\x03\"1\n\x0e\x41\x64vanceRequest\x12\x0f\n\x07upto_ts\x18\x01 \x01(\x03\x12\x0e\n\x06\x66inish\x18\x02 \x01(\x08\"\x1e\n\x0c\x41\x64vanceReply\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\x03\"\xdc\x02\n\x0cWorkerStatus\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0b\n\x03\x63pu\x18\x02 \x01(\x01\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x13\n\x0b\x63hunks_done\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\x12=\n\x0bseen_levels\x18\x07 \x03(\x0b\x32(.strata.rpc.WorkerStatus.SeenLevelsEntry\x12\x36\n\x07refused\x18\x08 \x03(\x0b\x32%.strata.rpc.WorkerStatus.RefusedEntry\x12\x14\n\x0cidentity_key\x18\t \x01(\x0c\x1a\x31\n\x0fSeenLevelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb7\x04\n\x0bStatusReply\x12\r\n\x05level\x18\x01 \x01(\t\x12)\n\x07workers\x18\x02 \x03(\x0b\x32\x18.strata.rpc.WorkerStatus\x12\x16\n\x0e\x62\x61\x63klog_chunks\x18\x03 \x01(\x03\x12\x13\n\x0blag_seconds\x18\x04 \x01(\x01\x12\x37\n\x08rejected\x18\x05 \x03(\x0b\x32%.strata.rpc.StatusReply.RejectedEntry\x12\x37\n\x08\x63ounters\x18\x06 \x03(\x0b\x32%.strata.rpc.StatusReply.CountersEntry\x12\x14\n\x0cready_chunks\x18\x07 \x01(\x03\x12\x35\n\x07timings\x18\x08 \x03(\x0b\x32$.strata.rpc.StatusReply.TimingsEntry\x12\x0c\n\x04user\x18\t \x01(\t\x12\r\n\x05roles\x18\n \x03(\t\x12(\n\x07queries\x18\x0b \x03(\x0b\x32\x17.strata.rpc.QueryStatus\x12\x0f\n\x07\x63luster\x18\x0c \x01(\x08\x12\x18\n\x10last_chunk_error\x18\r \x01(\t\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"s\n\x0bQueryStatus\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07last_ts\x18\x04 \x01(\x03\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x15\n\rstopped_after\x18\x06 \x01(\x03\"\"\n\rCancelRequest\x12\x11\n\tquery_ids\x18\x01 \x03(\t\"7\n\x0b\x43\x61ncelReply\x12(\n\x07queries\x18\x01 \x03(\x0b\x32\x17.strata.rpc.QueryStatus\":\n\tQuerySpec\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\"V\n\x0e\x45xecuteRequest\x12\r\n\x05level\x18\x01 \x01(\t\x12&\n\x07queries\x18\x02 \x03(\x0b\x32\x15.strata.rpc.QuerySpec\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c\"0\n\x0c\x45xecuteReply\x12\x0f\n\x07results\x18\x01 \x03(\x0c\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x32\xf0\x03\n\x06Master\x12\x39\n\x05Login\x12\x18.strata.rpc.LoginRequest\x1a\x16.strata.rpc.LoginReply\x12.\n\x06Logout\x12\x11.strata.rpc.Empty\x1a\x11.strata.rpc.Empty\x12\x42\n\x08Register\x12\x1b.strata.rpc.RegisterRequest\x1a\x19.strata.rpc.RegisterReply\x12\x44\n\tSubscribe\x12\x1c.strata.rpc.SubscribeRequest\x1a\x17.strata.rpc.ResultBatch0\x01\x12<\n\x06Ingest\x12\x17.strata.rpc.IngestBatch\x1a\x17.strata.rpc.IngestReply(\x01\x12?\n\x07\x41\x64vance\x12\x1a.strata.rpc.AdvanceRequest\x1a\x18.strata.rpc.AdvanceReply\x12\x34\n\x06Status\x12\x11.strata.rpc.Empty\x1a\x17.strata.rpc.StatusReply\x12<\n\x06\x43\x61ncel\x12\x19.strata.rpc.CancelRequest\x1a\x17.strata.rpc.CancelReply2~\n\x06Worker\x12?\n\x07\x45xecute\x12\x1a.strata.rpc.ExecuteRequest\x1a\x18.strata.rpc.ExecuteReply\x12\x33\n\x04Info\x12\x11.strata.rpc.Empty\x1a\x18.strata.rpc.WorkerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strata/rpc/strata.proto\x12\nstrata.rpc\"\x07\n\x05\x45mpty\"=\n\x0cLoginRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\"O\n\nLoginReply\x12\r\n\x05token\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x14\n\x0cmaster_level\x18\x03 \x01(\t\x12\r\n\x05roles\x18\x04 \x03(\t\"\"\n\x0fRegisterRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\"T\n\x0fRegisteredQuery\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x11\n\trewritten\x18\x02 \x01(\t\x12\x0b\n\x03r2s\x18\x03 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\"=\n\rRegisterReply\x12,\n\x07queries\x18\x01 \x03(\x0b\x32\x1b.strata.rpc.RegisteredQuery\">\n\x10SubscribeRequest\x12\x11\n\tquery_ids\x18\x01 \x03(\t\x12\x17\n\x0fresume_after_ts\x18\x02 \x01(\x03\"|\n\x0bResultBatch\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x10\n\x08\x66irst_ts\x18\x02 \x01(\x03\x12\x0f\n\x07last_ts\x18\x03 \x01(\x03\x12\r\n\x05\x61rrow\x18\x04 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\"\x8c\x01\n\x0bIngestBatch\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x61rrow\x18\x02 \x01(\x0c\x12\x10\n\x08labelled\x18\x03 \x01(\x08\x12\x19\n\x0c\x61\x64vance_upto\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0bproducer_id\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x03\x42\x0f\n\r_advance_upto\"y\n\tIngestAck\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x03\x12\x1b\n\x13\x64ropped_by_shepherd\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x11\n\tduplicate\x18\x05 \x01(\x08\x12\x0e\n\x06\x63hunks\x18\x06 \x01(\x03\"m\n\x0bIngestReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x1b\n\x13\x64ropped_by_shepherd\x18\x02 \x01(\x03\x12\x10\n\x08rejected\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\x03\"1\n\x0e\x41\x64vanceRequest\x12\x0f\n\x07upto_ts\x18\x01 \x01(\x03\x12\x0e\n\x06\x66inish\x18\x02 \x01(\x08\"\x1e\n\x0c\x41\x64vanceReply\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\x03\"\xdc\x02\n\x0cWorkerStatus\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\x0b\n\x03\x63pu\x18\x02 \x01(\x01\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x13\n\x0b\x63hunks_done\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\x12=\n\x0bseen_levels\x18\x07 \x03(\x0b\x32(.strata.rpc.WorkerStatus.SeenLevelsEntry\x12\x36\n\x07refused\x18\x08 \x03(\x0b\x32%.strata.rpc.WorkerStatus.RefusedEntry\x12\x14\n\x0cidentity_key\x18\t \x01(\x0c\x1a\x31\n\x0fSeenLevelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb7\x04\n\x0bStatusReply\x12\r\n\x05level\x18\x01 \x01(\t\x12)\n\x07workers\x18\x02 \x03(\x0b\x32\x18.strata.rpc.WorkerStatus\x12\x16\n\x0e\x62\x61\x63klog_chunks\x18\x03 \x01(\x03\x12\x13\n\x0blag_seconds\x18\x04 \x01(\x01\x12\x37\n\x08rejected\x18\x05 \x03(\x0b\x32%.strata.rpc.StatusReply.RejectedEntry\x12\x37\n\x08\x63ounters\x18\x06 \x03(\x0b\x32%.strata.rpc.StatusReply.CountersEntry\x12\x14\n\x0cready_chunks\x18\x07 \x01(\x03\x12\x35\n\x07timings\x18\x08 \x03(\x0b\x32$.strata.rpc.StatusReply.TimingsEntry\x12\x0c\n\x04user\x18\t \x01(\t\x12\r\n\x05roles\x18\n \x03(\t\x12(\n\x07queries\x18\x0b \x03(\x0b\x32\x17.strata.rpc.QueryStatus\x12\x0f\n\x07\x63luster\x18\x0c \x01(\x08\x12\x18\n\x10last_chunk_error\x18\r \x01(\t\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"s\n\x0bQueryStatus\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07last_ts\x18\x04 \x01(\x03\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x15\n\rstopped_after\x18\x06 \x01(\x03\"\"\n\rCancelRequest\x12\x11\n\tquery_ids\x18\x01 \x03(\t\"7\n\x0b\x43\x61ncelReply\x12(\n\x07queries\x18\x01 \x03(\x0b\x32\x17.strata.rpc.QueryStatus\":\n\tQuerySpec\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\"V\n\x0e\x45xecuteRequest\x12\r\n\x05level\x18\x01 \x01(\t\x12&\n\x07queries\x18\x02 \x03(\x0b\x32\x15.strata.rpc.QuerySpec\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c\"0\n\x0c\x45xecuteReply\x12\x0f\n\x07results\x18\x01 \x03(\x0c\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x32\xb4\x04\n\x06Master\x12\x39\n\x05Login\x12\x18.strata.rpc.LoginRequest\x1a\x16.strata.rpc.LoginReply\x12.\n\x06Logout\x12\x11.strata.rpc.Empty\x1a\x11.strata.rpc.Empty\x12\x42\n\x08Register\x12\x1b.strata.rpc.RegisterRequest\x1a\x19.strata.rpc.RegisterReply\x12\x44\n\tSubscribe\x12\x1c.strata.rpc.SubscribeRequest\x1a\x17.strata.rpc.ResultBatch0\x01\x12<\n\x06Ingest\x12\x17.strata.rpc.IngestBatch\x1a\x17.strata.rpc.IngestReply(\x01\x12\x42\n\x0cIngestStream\x12\x17.strata.rpc.IngestBatch\x1a\x15.strata.rpc.IngestAck(\x01\x30\x01\x12?\n\x07\x41\x64vance\x12\x1a.strata.rpc.AdvanceRequest\x1a\x18.strata.rpc.AdvanceReply\x12\x34\n\x06Status\x12\x11.strata.rpc.Empty\x1a\x17.strata.rpc.StatusReply\x12<\n\x06\x43\x61ncel\x12\x19.strata.rpc.CancelRequest\x1a\x17.strata.rpc.CancelReply2~\n\x06Worker\x12?\n\x07\x45xecute\x12\x1a.strata.rpc.ExecuteRequest\x1a\x18.strata.rpc.ExecuteReply\x12\x33\n\x04Info\x12\x11.strata.rpc.Empty\x1a\x18.strata.rpc.WorkerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,42 +57,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBSCRIBEREQUEST']._serialized_end=439
   _globals['_RESULTBATCH']._serialized_start=441
   _globals['_RESULTBATCH']._serialized_end=565
-  _globals['_INGESTBATCH']._serialized_start=567
-  _globals['_INGESTBATCH']._serialized_end=673
-  _globals['_INGESTREPLY']._serialized_start=675
-  _globals['_INGESTREPLY']._serialized_end=784
-  _globals['_ADVANCEREQUEST']._serialized_start=786
-  _globals['_ADVANCEREQUEST']._serialized_end=835
-  _globals['_ADVANCEREPLY']._serialized_start=837
-  _globals['_ADVANCEREPLY']._serialized_end=867
-  _globals['_WORKERSTATUS']._serialized_start=870
-  _globals['_WORKERSTATUS']._serialized_end=1218
-  _globals['_WORKERSTATUS_SEENLEVELSENTRY']._serialized_start=1121
-  _globals['_WORKERSTATUS_SEENLEVELSENTRY']._serialized_end=1170
-  _globals['_WORKERSTATUS_REFUSEDENTRY']._serialized_start=1172
-  _globals['_WORKERSTATUS_REFUSEDENTRY']._serialized_end=1218
-  _globals['_STATUSREPLY']._serialized_start=1221
-  _globals['_STATUSREPLY']._serialized_end=1788
-  _globals['_STATUSREPLY_REJECTEDENTRY']._serialized_start=1644
-  _globals['_STATUSREPLY_REJECTEDENTRY']._serialized_end=1691
-  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_start=1693
-  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_end=1740
-  _globals['_STATUSREPLY_TIMINGSENTRY']._serialized_start=1742
-  _globals['_STATUSREPLY_TIMINGSENTRY']._serialized_end=1788
-  _globals['_QUERYSTATUS']._serialized_start=1790
-  _globals['_QUERYSTATUS']._serialized_end=1905
-  _globals['_CANCELREQUEST']._serialized_start=1907
-  _globals['_CANCELREQUEST']._serialized_end=1941
-  _globals['_CANCELREPLY']._serialized_start=1943
-  _globals['_CANCELREPLY']._serialized_end=1998
-  _globals['_QUERYSPEC']._serialized_start=2000
-  _globals['_QUERYSPEC']._serialized_end=2058
-  _globals['_EXECUTEREQUEST']._serialized_start=2060
-  _globals['_EXECUTEREQUEST']._serialized_end=2146
-  _globals['_EXECUTEREPLY']._serialized_start=2148
-  _globals['_EXECUTEREPLY']._serialized_end=2196
-  _globals['_MASTER']._serialized_start=2199
-  _globals['_MASTER']._serialized_end=2695
-  _globals['_WORKER']._serialized_start=2697
-  _globals['_WORKER']._serialized_end=2823
+  _globals['_INGESTBATCH']._serialized_start=568
+  _globals['_INGESTBATCH']._serialized_end=708
+  _globals['_INGESTACK']._serialized_start=710
+  _globals['_INGESTACK']._serialized_end=831
+  _globals['_INGESTREPLY']._serialized_start=833
+  _globals['_INGESTREPLY']._serialized_end=942
+  _globals['_ADVANCEREQUEST']._serialized_start=944
+  _globals['_ADVANCEREQUEST']._serialized_end=993
+  _globals['_ADVANCEREPLY']._serialized_start=995
+  _globals['_ADVANCEREPLY']._serialized_end=1025
+  _globals['_WORKERSTATUS']._serialized_start=1028
+  _globals['_WORKERSTATUS']._serialized_end=1376
+  _globals['_WORKERSTATUS_SEENLEVELSENTRY']._serialized_start=1279
+  _globals['_WORKERSTATUS_SEENLEVELSENTRY']._serialized_end=1328
+  _globals['_WORKERSTATUS_REFUSEDENTRY']._serialized_start=1330
+  _globals['_WORKERSTATUS_REFUSEDENTRY']._serialized_end=1376
+  _globals['_STATUSREPLY']._serialized_start=1379
+  _globals['_STATUSREPLY']._serialized_end=1946
+  _globals['_STATUSREPLY_REJECTEDENTRY']._serialized_start=1802
+  _globals['_STATUSREPLY_REJECTEDENTRY']._serialized_end=1849
+  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_start=1851
+  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_end=1898
+  _globals['_STATUSREPLY_TIMINGSENTRY']._serialized_start=1900
+  _globals['_STATUSREPLY_TIMINGSENTRY']._serialized_end=1946
+  _globals['_QUERYSTATUS']._serialized_start=1948
+  _globals['_QUERYSTATUS']._serialized_end=2063
+  _globals['_CANCELREQUEST']._serialized_start=2065
+  _globals['_CANCELREQUEST']._serialized_end=2099
+  _globals['_CANCELREPLY']._serialized_start=2101
+  _globals['_CANCELREPLY']._serialized_end=2156
+  _globals['_QUERYSPEC']._serialized_start=2158
+  _globals['_QUERYSPEC']._serialized_end=2216
+  _globals['_EXECUTEREQUEST']._serialized_start=2218
+  _globals['_EXECUTEREQUEST']._serialized_end=2304
+  _globals['_EXECUTEREPLY']._serialized_start=2306
+  _globals['_EXECUTEREPLY']._serialized_end=2354
+  _globals['_MASTER']._serialized_start=2357
+  _globals['_MASTER']._serialized_end=2921
+  _globals['_WORKER']._serialized_start=2923
+  _globals['_WORKER']._serialized_end=3049
 # @@protoc_insertion_point(module_scope)

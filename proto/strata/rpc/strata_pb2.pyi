@@ -83,16 +83,36 @@ class ResultBatch(_message.Message):
     def __init__(self, query_id: _Optional[str] = ..., first_ts: _Optional[int] = ..., last_ts: _Optional[int] = ..., arrow: _Optional[bytes] = ..., end: _Optional[bool] = ..., error: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class IngestBatch(_message.Message):
-    __slots__ = ("stream", "arrow", "labelled", "advance_upto")
+    __slots__ = ("stream", "arrow", "labelled", "advance_upto", "producer_id", "seq")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ARROW_FIELD_NUMBER: _ClassVar[int]
     LABELLED_FIELD_NUMBER: _ClassVar[int]
     ADVANCE_UPTO_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     stream: str
     arrow: bytes
     labelled: bool
     advance_upto: int
-    def __init__(self, stream: _Optional[str] = ..., arrow: _Optional[bytes] = ..., labelled: _Optional[bool] = ..., advance_upto: _Optional[int] = ...) -> None: ...
+    producer_id: str
+    seq: int
+    def __init__(self, stream: _Optional[str] = ..., arrow: _Optional[bytes] = ..., labelled: _Optional[bool] = ..., advance_upto: _Optional[int] = ..., producer_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class IngestAck(_message.Message):
+    __slots__ = ("seq", "accepted", "dropped_by_shepherd", "error", "duplicate", "chunks")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BY_SHEPHERD_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    accepted: int
+    dropped_by_shepherd: int
+    error: str
+    duplicate: bool
+    chunks: int
+    def __init__(self, seq: _Optional[int] = ..., accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., error: _Optional[str] = ..., duplicate: _Optional[bool] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class IngestReply(_message.Message):
     __slots__ = ("accepted", "dropped_by_shepherd", "rejected", "error", "chunks")

@@ -60,6 +60,11 @@ class MasterStub:
                 request_serializer=strata_dot_rpc_dot_strata__pb2.IngestBatch.SerializeToString,
                 response_deserializer=strata_dot_rpc_dot_strata__pb2.IngestReply.FromString,
                 _registered_method=True)
+        self.IngestStream = channel.stream_stream(
+                '/strata.rpc.Master/IngestStream',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.IngestBatch.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.IngestAck.FromString,
+                _registered_method=True)
         self.Advance = channel.unary_unary(
                 '/strata.rpc.Master/Advance',
                 request_serializer=strata_dot_rpc_dot_strata__pb2.AdvanceRequest.SerializeToString,
@@ -119,6 +124,16 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IngestStream(self, request_iterator, context):
+        """The same batches, acknowledged one by one (producer): one IngestAck per batch, in order, sent
+        once the batch is in the master's event log and applied.  With a producer_id and seq a batch
+        is applied exactly once: a re-sent batch (seq at or below the producer's logged high-water
+        mark, e.g. after a master restart) is acknowledged again as a duplicate, not applied.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Advance(self, request, context):
         """Close instants up to a timestamp (producer) or finish all input (producer or operator).
         """
@@ -167,6 +182,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Ingest,
                     request_deserializer=strata_dot_rpc_dot_strata__pb2.IngestBatch.FromString,
                     response_serializer=strata_dot_rpc_dot_strata__pb2.IngestReply.SerializeToString,
+            ),
+            'IngestStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.IngestStream,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.IngestBatch.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.IngestAck.SerializeToString,
             ),
             'Advance': grpc.unary_unary_rpc_method_handler(
                     servicer.Advance,
@@ -320,6 +340,33 @@ class Master:
             '/strata.rpc.Master/Ingest',
             strata_dot_rpc_dot_strata__pb2.IngestBatch.SerializeToString,
             strata_dot_rpc_dot_strata__pb2.IngestReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IngestStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/strata.rpc.Master/IngestStream',
+            strata_dot_rpc_dot_strata__pb2.IngestBatch.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.IngestAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,7 +16,7 @@ the environment (``STRATA_GROUP_ADDRESS``, ``STRATA_GROUP_INTERFACE``,
 Without a key in the configuration, ``strata up`` generates one per level in
 its state directory.  The key is never used directly: HKDF-SHA256 derives one
 key per purpose from it (:func:`derive_key`): ``heartbeat-aead`` encrypts and
-authenticates heartbeats (AES-256-GCM, worker/group.py) and ``request-mac``
+authenticates heartbeats (AES-256-GCM, :mod:`strata.groups.membership`) and ``request-mac``
 authenticates master→worker calls (HMAC-SHA256 over the request).  So a process
 of another level, or one without the key, can neither join, read nor drive a
 group.
@@ -35,7 +35,7 @@ from pathlib import Path
 from strata.config import Config, ConfigError
 
 __all__ = ["group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER",
-           "derive_key", "KEY_PURPOSES"]
+           "derive_key", "KEY_PURPOSES", "execute_digest"]
 
 AUTH_HEADER = "x-strata-group-auth"
 MAX_SKEW = 60.0
@@ -67,7 +67,7 @@ def load_or_create_key(path: Path, create: bool) -> bytes:
 
 
 def group_spec(config: Config, level: str, state_dir: Path | None = None, create_key: bool = False):
-    from strata.worker.group import GroupSpec
+    from strata.groups.membership import GroupSpec
 
     level = config.lattice.parse(level)
     groups = config.sections.get("groups", {}) or {}
@@ -170,3 +170,15 @@ def verify_request(key: bytes, level: str, payload_digest: bytes, header: str | 
     want = hmac.new(derive_key(key, "request-mac"), b"|".join([level.encode(), ts.encode(), payload_digest]),
                     hashlib.sha256).hexdigest()
     return hmac.compare_digest(want, mac)
+
+
+def execute_digest(req) -> bytes:
+    """What the group MAC of an Execute call (a ``pb.ExecuteRequest``) covers: level, queries and
+    chunk bytes.  The master signs it (:func:`sign_request`), the worker checks it."""
+    h = hashlib.sha256()
+    h.update(req.level.encode())
+    for q in req.queries:
+        h.update(b"\x00" + q.query_id.encode() + b"\x00" + q.level.encode() + b"\x00" + q.text.encode())
+    h.update(b"\x01")
+    h.update(req.chunk)
+    return h.digest()

@@ -1,4 +1,4 @@
-"""The main job: a battlefield replay on an embedded local cluster (`./dev run`)."""
+"""The main job: a battlefield replay on an embedded local cluster (`./dev run`, ``strata demo``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import load_config
-from .examples import BATTLEFIELD_TOML
-from .users import UserStore
+from strata.config import load_config
+from strata.examples import BATTLEFIELD_TOML
+from strata.users import UserStore
+
+from .local import default_workers
 
 QUERIES = [
     "SELECT sid, bp FROM Vitals [ROWS 100] WHERE bp > 150",
@@ -52,7 +54,7 @@ def write_csv(path: Path, cols: dict) -> None:
 
 
 def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: int = 400) -> int:
-    from .commands import replay
+    from .replay import replay
 
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "battlefield.toml"
@@ -85,3 +87,14 @@ def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: i
         for line in rows[1:4]:
             print(f"    {line}")
     return rc
+
+
+def cmd_demo(args) -> int:
+    return run_demo(Path(args.dir), workers=args.workers)
+
+
+def add_parsers(sub) -> None:
+    d = sub.add_parser("demo", help="the main job: battlefield replay on an embedded cluster")
+    d.add_argument("--dir", default="out/demo")
+    d.add_argument("--workers", type=int, default=default_workers())
+    d.set_defaults(func=cmd_demo)

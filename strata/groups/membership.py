@@ -70,7 +70,7 @@ from typing import Callable, Iterable
 
 __all__ = ["Heartbeat", "GroupTable", "GroupMember", "GroupSpec", "Identity", "encode_heartbeat",
            "decode_heartbeat", "encode_payload", "validate_fields", "HeartbeatError", "AddressProofs",
-           "AddressProver", "info_probe", "MAGIC", "STATES", "ROLES"]
+           "AddressProver", "info_probe", "MAGIC", "STATES", "ROLES", "receiver", "sender"]
 
 log = logging.getLogger("strata.group")
 
@@ -499,8 +499,8 @@ class GroupMember:
         self.state = "master" if role == "master" else "ready"
         self.cpu_override: float | None = None  # tests inject a load reading
         self.send_errors: Counter = Counter()
-        self._rx = _receiver(spec)
-        self._tx = _sender(spec)
+        self._rx = receiver(spec)
+        self._tx = sender(spec)
 
     @property
     def public_key(self) -> bytes:
@@ -712,7 +712,8 @@ def _cpu_percent() -> float:
     return host_cpu_percent()
 
 
-def _receiver(spec: GroupSpec) -> socket.socket:
+def receiver(spec: GroupSpec) -> socket.socket:
+    """A socket joined to the level's multicast group on its interface (what members listen on)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if hasattr(socket, "SO_REUSEPORT"):
@@ -723,7 +724,8 @@ def _receiver(spec: GroupSpec) -> socket.socket:
     return s
 
 
-def _sender(spec: GroupSpec) -> socket.socket:
+def sender(spec: GroupSpec) -> socket.socket:
+    """A socket that multicasts on the level's interface only, with the group's TTL."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
     s.bind((spec.interface, 0))  # never an implicit 0.0.0.0 source
     s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(spec.interface))

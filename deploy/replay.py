@@ -1,0 +1,212 @@
+"""``strata replay`` and ``strata demo``: files through a cluster (an embedded one started for the run,
+a running master, or the warm workers of a ``strata up`` cluster), every result written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from strata.commands import (EXIT_FAILED, client_call, client_tls, fmt_value, instant_batches, login, parse_inputs,
+                             register_queries)
+from strata.errors import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
+from strata.serving import progress
+
+from .local import default_workers, renew_master, start_cluster, stop_cluster
+
+__all__ = ["replay", "cmd_replay", "add_parsers", "EMBEDDED_START"]
+
+
+def tls_cache() -> Path | None:
+    """Where ``strata replay`` keeps the certificates of its private embedded clusters between runs
+    (``$XDG_CACHE_HOME/strata/embedded-tls``, else ``~/.cache/...``), or None if that directory
+    cannot be made private to this user (then every run makes its own).  Reusing them is safe:
+    they are only ever presented on loopback between this user's own processes, and only this
+    user can read them (mode 0700, owned by them); ``STRATA_NO_TLS_CACHE=1`` turns it off."""
+    if os.environ.get("STRATA_NO_TLS_CACHE"):
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "embedded-tls"
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = base.stat()
+        if st.st_uid != os.getuid():
+            return None
+        if st.st_mode & 0o077:
+            base.chmod(0o700)
+        return base
+    except OSError:
+        return None
+
+
+def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
+           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None, tls_dir: str | None = None,
+           timings: dict | None = None, cluster: str | None = None) -> int:
+    """Replay files through a cluster and write every result (``strata replay``).
+
+    Without ``master``: an embedded cluster of the login level is started for this run and
+    stopped after it.  The input is sent in instant order with the instants closed as they
+    complete, so workers compute while the rest is still being sent.  ``timings`` (optional)
+    receives where the time went: ``start`` (cluster start-up, with ``first``/``all`` worker
+    ready), ``read``, ``process`` (first tuple sent → last result), ``write``, ``stop`` (the
+    embedded cluster's shutdown)."""
+    from strata.config import load_config
+
+    t0 = time.monotonic()
+    cfg = load_config(config_path)
+    data = parse_inputs(cfg, inputs)
+    t_read = time.monotonic() - t0
+    if level:
+        try:
+            level = cfg.lattice.parse(level)
+        except ValueError as e:
+            raise CliError(f"--level: {e}", EXIT_REJECTED) from None
+    tmp = None
+    ok = False
+    out_t = timings if timings is not None else {}
+    out_t["read"] = round(t_read, 3)
+    if cluster is not None:  # a cluster of `strata up`: a fresh master, the warm workers
+        if level is None:
+            raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
+        t1 = time.monotonic()
+        master, tls_dir, _ = renew_master(Path(cluster), level)
+        out_t["start"] = round(time.monotonic() - t1, 3)
+        progress(f"fresh master of level {level} at {master} (the workers of {cluster} stay)")
+    elif master is None:
+        if level is None:
+            from strata.users import UserStore
+
+            u = UserStore(cfg.users_path, cfg.lattice).load().get(user)
+            if u is None or getattr(u, "clearance", None) is None:
+                raise CliError("login failed: unknown user or wrong password", EXIT_LOGIN)
+            level = u.clearance
+        tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
+        progress(f"starting an embedded cluster at level {level} with {workers} workers "
+                  f"(user {user} has every role on it)")
+        t1 = time.monotonic()
+        started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user,
+                                tls_dir=tls_cache(), persist=False, **EMBEDDED_START)
+        out_t["start"] = round(time.monotonic() - t1, 3)
+        out_t["start_split"] = started.get("seconds")
+        master, tls_dir = started["masters"][cfg.lattice.parse(level)], started["tls_dir"]
+    try:
+        c = login(master, user, level or "", tls_dir)
+        regs = register_queries(c, queries)
+        results: dict[str, list] = {r.query_id: [] for r in regs}
+        error: list[BaseException] = []
+
+        def collect():
+            try:
+                for qid, table in c.subscribe([r.query_id for r in regs]):
+                    if table is not None:
+                        results[qid].append(table)
+            except BaseException as e:  # pragma: no cover - surfaced below
+                error.append(e)
+
+        th = threading.Thread(target=collect, daemon=True)
+        th.start()
+        total = sum(t.num_rows for _, t in data)
+        progress(f"replaying {total} tuples")
+        t2 = time.monotonic()
+        reply = client_call(c.ingest, instant_batches(cfg, data, c.level), labelled=True, what="input rejected: ")
+        if reply.error:
+            raise CliError(f"input rejected: {reply.error}", EXIT_REJECTED)
+        client_call(c.advance, finish=True)
+        out_t["sent"] = round(time.monotonic() - t2, 3)
+        while th.is_alive():
+            th.join(timeout=5)
+            if th.is_alive():
+                st = client_call(c.status)
+                done = ", ".join(f"{q.query_id} {'-' if q.last_ts < 0 else q.last_ts}" for q in st.queries
+                                 if q.query_id in results)
+                progress(f"waiting for results ({time.monotonic() - t2:.0f} s); last instant per query: {done}")
+        out_t["process"] = round(time.monotonic() - t2, 3)
+        if timings is not None:  # where the chunks' time went (operators' status)
+            try:
+                st = c.status()
+                out_t["chunks"] = {k: float(v) for k, v in st.timings.items()}
+                out_t["counters"] = {k: int(v) for k, v in st.counters.items()}
+            except Exception:  # noqa: BLE001 - diagnostics only
+                pass
+        if error:
+            raise CliError(f"result stream failed: {error[0]}")
+        t3 = time.monotonic()
+        write_outputs(output, regs, results)
+        out_t["write"] = round(time.monotonic() - t3, 3)
+        c.close()
+        progress(f"accepted {reply.accepted} tuples ({reply.dropped_by_shepherd} above level {c.level} dropped); "
+                  f"wrote {output}")
+        failed = {q: e for q, (state, e) in c.ended.items() if state == "failed"}
+        for q, e in failed.items():
+            print(f"strata: query {q} failed: {e}", file=sys.stderr, flush=True)
+        ok = True
+    finally:
+        if tmp is not None:
+            t4 = time.monotonic()
+            stop_cluster(tmp)
+            out_t["stop"] = round(time.monotonic() - t4, 3)
+            if ok:  # after a failure the logs stay (the error names the directory's processes)
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+#: how `strata replay` (and the demo) start their embedded cluster (measured: docs/benchmarks/README.md)
+EMBEDDED_START = {"wait": "all", "stagger": False}
+
+
+def write_outputs(output: str, regs, results) -> None:
+    out = Path(output)
+    targets = [(out, regs[0])] if len(regs) == 1 else [(out / f"q{i + 1}.csv", r) for i, r in enumerate(regs)]
+    if len(regs) > 1:
+        out.mkdir(parents=True, exist_ok=True)
+    for path, r in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["ts", "level", *r.columns])
+            for t in results[r.query_id]:
+                cols = [t.column(i).to_pylist() for i in range(t.num_columns)]
+                for row in zip(*cols):
+                    w.writerow([fmt_value(v) for v in row])
+
+
+def cmd_replay(args) -> int:
+    if args.master is None and args.workers < 1:
+        raise CliError("--workers must be at least 1", EXIT_REJECTED)
+    if args.master and args.cluster:
+        raise CliError("give --master or --cluster, not both", EXIT_REJECTED)
+    timings = {} if args.timings else None
+    try:
+        return replay(args.config, args.user, args.level, args.query, args.input, args.output, args.workers,
+                      args.chunk_seconds, args.master, client_tls(args), timings=timings, cluster=args.cluster)
+    finally:
+        if args.timings:
+            Path(args.timings).write_text(json.dumps(timings))
+
+
+
+def add_parsers(sub) -> None:
+    r = sub.add_parser("replay", help="replay files through a cluster and write every result")
+    r.add_argument("--config", required=True)
+    r.add_argument("--user", required=True)
+    r.add_argument("--level")
+    r.add_argument("--query", action="append", required=True)
+    r.add_argument("--input", action="append", required=True, help="STREAM=FILE.csv")
+    r.add_argument("--output", required=True)
+    r.add_argument("--workers", type=int, default=default_workers(),
+                   help="workers of the embedded cluster (default: one per core, at most 2)")
+    r.add_argument("--chunk-seconds", type=float, default=1.0)
+    r.add_argument("--master", help="replay into this running master (its input is finished afterwards)")
+    r.add_argument("--cluster", metavar="STATE_DIR",
+                   help="replay into the running `strata up` cluster of STATE_DIR: a fresh master of --level, its "
+                        "workers already warm (the fast path for repeated runs; the user needs the analyst and "
+                        "producer roles there)")
+    r.add_argument("--tls-dir", help="client certificate for --master (default: $STRATA_TLS_DIR)")
+    r.add_argument("--timings", metavar="FILE", help="write where the time went (JSON; for benchmarks)")
+    r.set_defaults(func=cmd_replay)

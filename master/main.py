@@ -1,0 +1,55 @@
+"""``strata master``: run the master of one level (registered with the one CLI, strata/cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from strata.config import config_of
+from strata.errors import EXIT_OK, CliError
+from strata.serving import add_process_options, group_spec_of, progress, ready_writer, server_tls
+
+__all__ = ["cmd_master", "add_parsers"]
+
+
+def cmd_master(args) -> int:
+    from strata.master.server import serve_master
+    from strata.master.store import StateMismatch
+    from strata.users import UserStore
+
+    cfg = config_of(args)
+    from strata.cpusets import pin_current_process
+    pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only
+    tls_dir = server_tls(args, cfg, "master")
+    spec = group_spec_of(args, cfg)
+    users = UserStore(cfg.users_path, cfg.lattice)
+    chunk_instants = max(1, round(args.chunk_seconds / cfg.instant_seconds))
+    state_path = None
+    if args.state_dir and not args.no_persist:
+        from strata.groups import level_slug
+
+        state_path = Path(args.state_dir) / f"master-{level_slug(cfg.lattice.parse(args.level))}.sqlite"
+    elif not args.no_persist:
+        progress("WARNING: no --state-dir: queries, sessions and input are lost if this master stops")
+    if args.owner:
+        progress(f"user {args.owner} has every role on this master (--owner)")
+    try:
+        serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
+                     ready=ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path,
+                     owner=args.owner or None)
+    except StateMismatch as e:  # the state file belongs to another level or configuration
+        raise CliError(str(e)) from None
+    return EXIT_OK
+
+
+def add_parsers(sub) -> None:
+    m = sub.add_parser("master", help="run the master of one level")
+    add_process_options(m)
+    m.add_argument("--listen", default="127.0.0.1:0")
+    m.add_argument("--chunk-seconds", type=float, default=1.0)
+    m.add_argument("--no-persist", action="store_true",
+                   help="keep queries, sessions and input in memory only (a restart loses them)")
+    m.add_argument("--owner", metavar="USER",
+                   help="a user who has every role on this master (a private master of one user's embedded "
+                        "run; others have the users file's roles)")
+    m.set_defaults(func=cmd_master)
+

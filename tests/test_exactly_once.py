@@ -1,0 +1,406 @@
+"""Exactly-once ingest (issue 14, item 3).
+
+Plain logic first: a producer's batch is written to the event log, with the producer's new high-water
+sequence number, in one transaction *before* it is applied; a batch at or below the mark is
+acknowledged as a duplicate and not applied; the marks survive a restart.  Then the client's
+re-sending of unacknowledged batches, and (slow) ``strata ingest`` against a master killed with
+SIGKILL at several points: the query output equals the reference, nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pyarrow as pa
+import pytest
+
+from strata.chunking.codec import encode_chunk
+from strata.client import _Feed
+from strata.master.core import MasterCore, Refused
+from strata.master.server import MasterServicer
+from strata.master.sessions import Sessions
+from strata.master.store import MasterStore, config_fingerprint
+from strata.rpc import strata_pb2 as pb
+from strata.arrowio import to_ipc
+from strata.users import UserStore
+
+QUERIES = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 3] GROUP BY sid", "SELECT COUNT(*) FROM Vitals"]
+P = "pete/run-1"
+
+
+def vitals(ts: list[int], bp: float = 100.0) -> pa.Table:
+    n = len(ts)
+    return pa.table({"ts": pa.array(ts, pa.int64()), "level": ["S"] * n, "sid": [f"s{t % 3}" for t in ts],
+                     "bp": [bp + i for i in range(n)], "pr": [1.0] * n, "weight": [1.0] * n})
+
+
+def make(tmp_path, cfg, name="m.sqlite"):
+    store = MasterStore(tmp_path / name, "S", config_fingerprint(cfg))
+    core = MasterCore(cfg, "S", chunk_instants=2, store=store)
+    return core, store
+
+
+def snapshot(core):
+    """What the core has applied: accepted rows, the chunker's position, cut chunks (bytes)."""
+    return (core.pipeline.counters["accepted"], core.last_input_ts, dict(core.pipeline.chunker._last_ts),
+            [encode_chunk(core.pipeline.chunks[c]) for c in sorted(core.pipeline.chunks)])
+
+
+BATCHES = [([1, 1, 2], None), ([2, 3], 2), ([4, 5, 5], 4), ([5, 6], None), ([7], 6)]
+
+
+def send(core, seqs, producer=P):
+    out = []
+    for seq in seqs:
+        ts, upto = BATCHES[seq - 1]
+        out.append(core.ingest_batch("Vitals", vitals(ts, 10.0 * seq), None, advance_upto=upto, producer=producer,
+                                     seq=seq))
+    return out
+
+
+# ---- duplicates --------------------------------------------------------------------------------
+def test_a_resent_batch_is_acknowledged_not_applied(tmp_path, battlefield):
+    core, store = make(tmp_path, battlefield)
+    core.register("ann", QUERIES)
+    ref, ref_store = make(tmp_path, battlefield, "ref.sqlite")
+    ref.register("ann", QUERIES)
+    send(ref, [1, 2, 3, 4, 5])
+
+    first = send(core, [1, 2, 3])
+    logged = store.count()
+    again = send(core, [2, 3])  # the acknowledgements were lost: the producer sends them again
+    assert [o.duplicate for o in first] == [False] * 3 and [o.duplicate for o in again] == [True, True]
+    assert [(o.accepted, o.chunks) for o in again] == [(2, 0), (3, 0)]  # what the first delivery applied
+    assert store.count() == logged  # a duplicate writes nothing
+    send(core, [4, 5])
+    assert snapshot(core) == snapshot(ref)  # the same chunks as without the re-sends
+    assert core.producers == {P: 5} and store.producers() == {P: 5}
+    assert core.status()["counters"]["duplicate_batches"] == 2
+    store.close()
+    ref_store.close()
+
+
+def test_a_resent_batch_inside_an_open_instant_is_not_doubled(tmp_path, battlefield):
+    """The issue's case: the instant of the batch is still open, so the chunker alone would take it again."""
+    core, store = make(tmp_path, battlefield)
+    core.register("ann", ["SELECT COUNT(*) FROM Vitals"])
+    assert core.ingest_batch("Vitals", vitals([5, 5]), None, producer=P, seq=1).accepted == 2
+    o = core.ingest_batch("Vitals", vitals([5, 5]), None, producer=P, seq=1)
+    assert o.duplicate and core.pipeline.counters["accepted"] == 2
+    # without a producer id the master cannot tell: the old behaviour (applied again)
+    core.ingest("Vitals", vitals([5]), None)
+    assert core.pipeline.counters["accepted"] == 3
+    store.close()
+
+
+def test_producers_are_separate_and_seqs_must_be_positive(tmp_path, battlefield):
+    core, store = make(tmp_path, battlefield)
+    assert not core.ingest_batch("Vitals", vitals([1]), None, producer="pete/a", seq=5).duplicate
+    assert not core.ingest_batch("Vitals", vitals([1]), None, producer="paul/a", seq=5).duplicate
+    assert core.ingest_batch("Vitals", vitals([1]), None, producer="pete/a", seq=3).duplicate
+    assert not core.ingest_batch("Vitals", vitals([2]), None, producer="pete/a", seq=9).duplicate  # gaps allowed
+    for bad in (0, -1):
+        with pytest.raises(Refused, match="must be an integer from 1"):
+            core.ingest_batch("Vitals", vitals([3]), None, producer="pete/a", seq=bad)
+    assert core.producers == {"pete/a": 9, "paul/a": 5}
+    assert core.status()["rejected"]["bad_seq"] == 2
+    store.close()
+
+
+def test_a_batch_with_only_dropped_rows_or_an_advance_still_moves_the_mark(tmp_path, battlefield):
+    core, store = make(tmp_path, battlefield)
+    core.register("ann", ["SELECT COUNT(*) FROM Vitals"])
+    core.ingest_batch("Vitals", vitals([1, 2]), None, producer=P, seq=1)
+    ts_only = pa.table({"ts": pa.array([3], pa.int64()), "level": ["TS"], "sid": ["x"], "bp": [1.0], "pr": [1.0],
+                        "weight": [1.0]})
+    o = core.ingest_batch("Vitals", ts_only, None, producer=P, seq=2)  # the shepherd drops it all
+    assert (o.accepted, o.dropped, o.duplicate) == (0, 1, False)
+    o = core.ingest_batch("Vitals", None, None, advance_upto=2, producer=P, seq=3)  # an advance only
+    assert o.chunks == 1
+    assert store.producers() == {P: 3}
+    again = core.ingest_batch("Vitals", None, None, advance_upto=2, producer=P, seq=3)
+    assert again.duplicate and again.chunks == 0
+    store.close()
+
+
+# ---- written before applied ---------------------------------------------------------------------
+class FailingStore:
+    """An event log whose writes fail (a full disk): nothing may be applied then."""
+
+    def __init__(self):
+        self.fail = True
+        self.events = []
+
+    def append_batch(self, events, producer=None, seq=None):
+        if self.fail:
+            raise OSError(28, "No space left on device")
+        self.events.extend(events)
+
+    def append(self, kind, body=None, data=None):
+        self.append_batch([(kind, body, data)])
+
+
+def test_a_batch_the_log_refuses_is_not_applied(battlefield):
+    store = FailingStore()
+    core = MasterCore(battlefield, "S", chunk_instants=2, store=store)
+    core._start_query("q1", QUERIES[1], "ann")  # not register(): that is logged too
+    before = snapshot(core)
+    for kw in ({}, {"advance_upto": 3}, {"producer": P, "seq": 1}, {"producer": P, "seq": 1, "advance_upto": 3}):
+        with pytest.raises(Refused, match=r"^batch not written to the event log \(.*No space left on device\); "
+                                          r"nothing of it was applied$"):
+            core.ingest_batch("Vitals", vitals([1, 2, 3]), None, **kw)
+        assert snapshot(core) == before and core.producers == {}
+    with pytest.raises(Refused, match="^advance not written to the event log"):
+        core.advance(upto_ts=3)
+    assert snapshot(core) == before and not core.pipeline.chunks
+    assert core.status()["rejected"]["log_failed"] == 5
+    store.fail = False  # space again: the producer's re-send is applied, once
+    o = core.ingest_batch("Vitals", vitals([1, 2, 3]), None, advance_upto=3, producer=P, seq=1)
+    assert (o.accepted, o.chunks, o.duplicate) == (3, 2, False)
+    assert [k for k, _, _ in store.events] == ["ingest", "advance"]
+
+
+def test_a_full_disk_leaves_neither_a_partial_log_nor_memory(tmp_path, battlefield):
+    """The issue's report (8 tuples in memory, 5 in the log, a re-send applied twice), with SQLite's
+    own 'database or disk is full'."""
+    core, store = make(tmp_path, battlefield)
+    core.register("ann", QUERIES)
+    send(core, [1])
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # room for a small batch, not a large one
+    applied, logged, marks = snapshot(core), store.count(), store.producers()
+    big = vitals(list(range(2, 2 + 4000)))
+    with pytest.raises(Refused, match="database or disk is full"):
+        core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2)
+    assert (snapshot(core), store.count(), store.producers()) == (applied, logged, marks)
+    store._db.execute("PRAGMA max_page_count = 1073741823")
+    assert core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2).accepted == 4000
+    assert core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2).duplicate
+    assert core.pipeline.counters["accepted"] == 3 + 4000
+    store.close()
+
+
+def test_a_refused_advance_refuses_its_batch_whole(tmp_path, battlefield):
+    core, store = make(tmp_path, battlefield)
+    before, logged = snapshot(core), store.count()
+    with pytest.raises(Refused, match=r"^advance refused: advance to 99999 refused: at most 3600 instants"):
+        core.ingest_batch("Vitals", vitals([1, 2]), None, advance_upto=99_999, producer=P, seq=1)
+    assert (snapshot(core), store.count(), core.producers) == (before, logged, {})
+    # the horizon counts from the batch's own rows
+    assert core.ingest_batch("Vitals", vitals([5000]), None, advance_upto=8000, producer=P, seq=1).accepted == 1
+    store.close()
+
+
+# ---- restart -----------------------------------------------------------------------------------
+def test_high_water_marks_survive_a_restart(tmp_path, battlefield):
+    core, store = make(tmp_path, battlefield)
+    core.register("ann", QUERIES)
+    send(core, [1, 2, 3])
+    core.ingest_batch("Vitals", None, None, advance_upto=4, producer="pete/other", seq=7)
+    store.close()  # the master is killed after batch 3 was logged, before its acknowledgement arrived
+
+    again, store2 = make(tmp_path, battlefield)
+    restored = again.restore()
+    assert restored["producers"] == 2 and again.producers == {P: 3, "pete/other": 7}
+    resent = send(again, [3, 4, 5])  # the producer re-sends from its first unacknowledged batch
+    assert [o.duplicate for o in resent] == [True, False, False]
+
+    ref, ref_store = make(tmp_path, battlefield, "ref.sqlite")
+    ref.register("ann", QUERIES)
+    send(ref, [1, 2, 3])
+    ref.ingest_batch("Vitals", None, None, advance_upto=4, producer="pete/other", seq=7)
+    send(ref, [4, 5])
+    assert snapshot(again) == snapshot(ref)
+    store2.close()
+    ref_store.close()
+
+
+def test_a_log_of_an_older_version_restores_without_marks(tmp_path, battlefield):
+    core, store = make(tmp_path, battlefield)
+    core.ingest("Vitals", vitals([1]), None)
+    store._db.execute("DROP TABLE producers")  # a state file written before producers existed
+    store.close()
+    again, store2 = make(tmp_path, battlefield)
+    assert again.restore()["batches"] == 1 and again.producers == {}
+    store2.close()
+
+
+# ---- the servicer: one acknowledgement per batch ------------------------------------------------
+class Context:
+    def __init__(self, token):
+        self.md = [("authorization", f"Bearer {token}")]
+
+    def invocation_metadata(self):
+        return self.md
+
+    def abort(self, code, message):
+        raise AssertionError(f"aborted: {code} {message}")
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+
+def test_ingest_stream_acks_duplicates_and_keys_producers_by_user(tmp_path, battlefield):
+    users = UserStore(tmp_path / "users.json", battlefield.lattice)
+    users.add("pete", "S", "pw", roles="producer")
+    users.add("paul", "S", "pw", roles="producer")
+    core, store = make(tmp_path, battlefield)
+    sessions = Sessions(users, "S")
+    sv = MasterServicer(core, sessions)
+    pete, paul = (Context(sessions.login(u, "pw", "S").token) for u in ("pete", "paul"))
+
+    def batch(seq, ts, pid="cli"):
+        return pb.IngestBatch(stream="Vitals", arrow=to_ipc(vitals(ts)), labelled=True, producer_id=pid, seq=seq)
+
+    acks = list(sv.IngestStream(iter([batch(1, [1]), batch(2, [2, 2]), batch(1, [1])]), pete))
+    assert [(a.seq, a.accepted, a.duplicate) for a in acks] == [(1, 1, False), (2, 2, False), (1, 1, True)]
+    acks = list(sv.IngestStream(iter([batch(1, [3])]), paul))  # the same id, another user: another producer
+    assert [(a.seq, a.duplicate) for a in acks] == [(1, False)]
+    assert store.producers() == {"pete/cli": 2, "paul/cli": 1}
+    acks = list(sv.IngestStream(iter([batch(1, [4], "x" * 129), batch(2, [4])]), pete))
+    assert len(acks) == 1 and acks[0].error == "producer id: at most 128 printable characters"
+    # the unary Ingest honours the producer's numbering too
+    reply = sv.Ingest(iter([batch(2, [2, 2]), batch(3, [5])]), pete)
+    assert (reply.accepted, reply.error) == (3, "") and core.producers["pete/cli"] == 3
+    assert core.pipeline.counters["accepted"] == 5
+    store.close()
+
+
+# ---- the client: what is unacknowledged is sent again -------------------------------------------
+def test_the_feed_resends_from_the_first_unacknowledged_batch():
+    made = []
+
+    def make_msg(item):
+        made.append(item)
+        return pb.IngestBatch(stream=str(item))
+
+    feed = _Feed(range(10), make_msg, first_seq=1, window=3)
+    first = feed.requests(feed.attempt)
+    assert [next(first).seq for _ in range(3)] == [1, 2, 3]  # the window: 3 unacknowledged
+    feed.ack(1)
+    assert next(first).seq == 4
+    feed.abandon()  # the connection is lost: 2, 3, 4 unacknowledged
+    assert list(first) == [] and feed.first_unacked() == 2
+    second = feed.requests(feed.attempt)
+    assert [next(second).seq for _ in range(3)] == [2, 3, 4]
+    feed.ack(4)
+    rest = []
+    for msg in second:
+        rest.append(msg.seq)
+        feed.ack(msg.seq)
+    assert rest == [5, 6, 7, 8, 9, 10] and feed.done()
+    assert made == list(range(10))  # each batch made (and numbered) once
+
+
+# ---- through real processes: kill -9 the master mid-ingest -------------------------------------
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return False
+
+
+def _rows(n_instants: int) -> list[dict]:
+    rows = []
+    for ts in range(1, n_instants + 1):
+        for k in range(4):
+            rows.append({"ts": ts, "level": ["U", "C", "S", "TS"][(ts + k) % 4], "sid": f"s{(ts * 7 + k) % 5}",
+                         "bp": float(90 + (ts * 13 + k * 29) % 90), "pr": 1.0, "weight": 1.0})
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [1, 800, 1200], ids=["after-first-batch", "mid-stream", "before-last-batch"])
+def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
+    """``strata ingest --finish`` of a CSV as a subprocess; the master is killed with SIGKILL once it
+    accepted some tuples (after the first batch, half of the input, three quarters), restarted on
+    its address; the ingest reports one line, resumes, and the query output equals the reference
+    exactly once."""
+    from strata.client import Client
+    from strata.deploy.local import restart_process, start_cluster, stop_cluster
+    from strata.config import load_config
+
+    from .conftest import BATTLEFIELD_TOML
+    from .polling import wait_for
+    from .reference.evaluator import compare_results, evaluate
+    from .tables import rows_of
+    from .test_cluster_e2e import PASSWORD, write_config
+
+    queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid", "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"]
+    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
+    rows = _rows(400)  # 1600 tuples, sent at 400 tuples/s: 4 batches of 100 instants, one a second
+    data = tmp_path / "vitals.csv"
+    with open(data, "w", newline="") as f:
+        w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
+        w.writeheader()
+        w.writerows(rows)
+    state = tmp_path / "state"
+    started = start_cluster(str(cfg_path), ["TS"], 1, state)
+    proc = None
+    try:
+        address, tls = started["masters"]["TS"], started["tls_dir"]
+        master = next(p for p in json.loads((state / "cluster.json").read_text())["processes"]
+                      if p["role"] == "master")
+        c = Client(address, tls_dir=tls, level="TS")
+        c.login("ann", PASSWORD, "TS")
+        regs = c.register(queries)
+        got = {r.query_id: [] for r in regs}
+        done, failed = threading.Event(), []
+
+        def collect():
+            try:
+                for qid, table in c.follow([r.query_id for r in regs], reconnect_seconds=180):
+                    if table is not None:
+                        got[qid].extend(rows_of(table))
+            except Exception as e:  # noqa: BLE001 - surfaced below
+                failed.append(e)
+            done.set()
+
+        threading.Thread(target=collect, daemon=True).start()
+        env = {**os.environ, "STRATA_PASSWORD": PASSWORD}
+        proc = subprocess.Popen([sys.executable, "-m", "strata", "ingest", "--config", str(cfg_path), "--master",
+                                 address, "--user", "ann", "--level", "TS", "--tls-dir", tls, "--labelled",
+                                 "--finish", "--rate", "400", "--input", f"Vitals={data}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        op = Client(address, tls_dir=tls, level="TS")
+        op.login("ann", PASSWORD, "TS")
+        threshold = kill_at  # accepted tuples: the first batch is in, half of them, three of the four batches
+
+        def accepted():
+            try:
+                return op.status().counters["accepted"]
+            except Exception:  # noqa: BLE001 - not yet
+                return 0
+
+        wait_for(lambda: accepted() >= threshold or proc.poll() is not None, 120, f"{threshold} accepted tuples")
+        assert proc.poll() is None, proc.communicate()
+        os.kill(master["pid"], signal.SIGKILL)
+        wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
+        restart_process(state, master["name"])
+        out, err = proc.communicate(timeout=300)
+        print(err)  # shown with -rP: the resume line and the summary
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err, err
+        lost = [ln for ln in err.splitlines() if "connection to master lost" in ln]
+        assert len(lost) == 1 and "resuming from batch " in lost[0], err
+        assert "sent 1600/1600 tuples in 4 batches: accepted 1600, dropped by shepherd 0, rejected batches 0" in err
+        assert done.wait(240), "results did not complete after the restart"
+        assert not failed, failed
+        cfg = load_config(cfg_path)
+        for r, q in zip(regs, queries):
+            compare_results(got[r.query_id], evaluate(q, cfg, "TS", {"Vitals": rows}))
+        st = op.status()
+        assert st.counters["accepted"] == len(rows)  # each tuple once in the restarted master
+        c.close()
+        op.close()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        stop_cluster(state)
