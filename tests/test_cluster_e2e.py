@@ -163,7 +163,7 @@ def test_ts_tuple_on_s_master_never_reaches_s_workers(cluster):
         assert st.counters["accepted"] >= 2
         # where the chunks' time went: every part present, round trip >= the engine's share
         t = st.timings
-        assert t["chunks"] >= 2
+        assert t["chunks"] >= 1  # dispatch units: the two chunks may travel merged (adaptive chunking)
         assert all(t[f"{p}_p50_ms"] >= 0 for p in ("wait", "rtt", "engine", "transport"))
         assert t["rtt_p99_ms"] >= t["engine_p50_ms"] > 0
     r = strata("status", "--config", str(cluster["config"]), "--master", cluster["masters"]["S"], "--user", "sam",

@@ -5,9 +5,11 @@ An AST walk of the project's source (no module is imported): every ``import`` an
 
 * ``strata.master`` never imports ``strata.worker`` or ``strata.deploy``;
 * ``strata.worker`` never imports ``strata.master`` or ``strata.deploy``;
+* ``strata.deploy`` starts master and worker *processes* and imports neither;
 * the core (``strata`` other than the CLI entry point, ``strata.chunking``,
   ``strata.rpc``) imports no role package (master, worker, deploy);
 * no private name (``_x``) is imported from another package;
+* nothing but the entry point imports the CLI (shared errors live in ``strata.errors``);
 * no import circles among the project's modules (imports inside functions count too:
   they knot the modules together just the same; imports under ``if TYPE_CHECKING`` do not run
   and do not count).
@@ -136,6 +138,8 @@ def test_roles_import_no_sibling_and_the_core_no_role():
                 bad.append((a, b))
             elif ra == "strata.worker" and rb in ("strata.master", "strata.deploy"):
                 bad.append((a, b))
+            elif ra == "strata.deploy" and rb in ("strata.master", "strata.worker"):  # it starts processes
+                bad.append((a, b))
             elif ra == "core" and a not in CLI and rb in ROLES:
                 bad.append((a, b))
     assert not bad, "imports across roles: " + ", ".join(f"{a} → {b}" for a, b in sorted(bad))
@@ -193,3 +197,8 @@ def test_no_import_circles():
     finally:
         sys.setrecursionlimit(limit)
     assert not comps, "import circles: " + "; ".join(" ⇄ ".join(c) for c in comps)
+
+
+def test_nothing_but_the_entry_point_imports_the_cli():
+    bad = sorted(a for a, targets in EDGES.items() if a not in CLI and any(b in CLI for b, _ in targets))
+    assert not bad, "modules importing the CLI (errors live in strata.errors): " + ", ".join(bad)
