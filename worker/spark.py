@@ -332,8 +332,13 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description="the worker's Spark session")
     ap.add_argument("--build-archive", action="store_true", help="write the AppCDS archive for the JVM options")
+    ap.add_argument("--if-missing", action="store_true", help="only when there is none yet (what ./dev run does)")
     args = ap.parse_args(argv)
     if args.build_archive:
+        paths = _archive_paths(java_options())
+        if args.if_missing and (paths is None or (paths[0].is_file() and paths[0].stat().st_size > 0)):
+            print(paths[0] if paths else "CDS is off")
+            return 0
         logging.basicConfig(level=logging.INFO)
         out = build_archive()
         print(out if out is not None else "no archive written (another process is writing it, or CDS is off)")
