@@ -49,6 +49,20 @@ def _spark():
     return get_session(master="local[2]", app_name="strata-bench-peers")
 
 
+def _parquet_per_instant(table: pa.Table, src: Path) -> Path:
+    """``table`` (sorted by ts) as one Parquet file per instant in ``src``, in instant order: the
+    source Structured Streaming reads, ``maxFilesPerTrigger`` instants per micro-batch."""
+    src.mkdir()
+    ts = table.column("ts").to_numpy()
+    cuts = np.flatnonzero(np.diff(ts)) + 1
+    bounds = np.concatenate(([0], cuts, [len(ts)]))
+    for i in range(len(bounds) - 1):
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        pq.write_table(table.slice(a, b - a).select(["ts", "level", "sid", "bp", "pr", "weight"]),
+                       src / f"part-{i:06d}.parquet")
+    return src
+
+
 def structured_streaming(table: pa.Table, files_per_batch: int) -> dict:
     """Run the tumbling-window AVG over ``table`` with Structured Streaming; seconds and rows."""
     from pyspark.sql import functions as F
@@ -56,15 +70,7 @@ def structured_streaming(table: pa.Table, files_per_batch: int) -> dict:
     spark = _spark()
     d = Path(tempfile.mkdtemp(prefix="strata-sss-"))
     try:
-        src = d / "in"
-        src.mkdir()
-        ts = table.column("ts").to_numpy()
-        cuts = np.flatnonzero(np.diff(ts)) + 1
-        bounds = np.concatenate(([0], cuts, [len(ts)]))
-        for i in range(len(bounds) - 1):
-            a, b = int(bounds[i]), int(bounds[i + 1])
-            pq.write_table(table.slice(a, b - a).select(["ts", "level", "sid", "bp", "pr", "weight"]),
-                           src / f"part-{i:06d}.parquet")
+        src = _parquet_per_instant(table, d / "in")
         schema = spark.read.parquet(str(src / "part-000000.parquet")).schema
         df = (spark.readStream.schema(schema).option("maxFilesPerTrigger", files_per_batch).parquet(str(src)))
         agg = (df.withColumn("et", F.timestamp_seconds("ts"))
@@ -184,15 +190,7 @@ def sss_range10(table: pa.Table, files_per_batch: int) -> dict:
     spark = _spark()
     d = Path(tempfile.mkdtemp(prefix="strata-sss-"))
     try:
-        src = d / "in"
-        src.mkdir()
-        ts = table.column("ts").to_numpy()
-        cuts = np.flatnonzero(np.diff(ts)) + 1
-        bounds = np.concatenate(([0], cuts, [len(ts)]))
-        for i in range(len(bounds) - 1):
-            a, b = int(bounds[i]), int(bounds[i + 1])
-            pq.write_table(table.slice(a, b - a).select(["ts", "level", "sid", "bp", "pr", "weight"]),
-                           src / f"part-{i:06d}.parquet")
+        src = _parquet_per_instant(table, d / "in")
         schema = spark.read.parquet(str(src / "part-000000.parquet")).schema
         df = spark.readStream.schema(schema).option("maxFilesPerTrigger", files_per_batch).parquet(str(src))
         agg = (df.withColumn("et", F.timestamp_seconds("ts"))

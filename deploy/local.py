@@ -16,7 +16,7 @@ from pathlib import Path
 from strata.commands import parse_levels
 from strata.config import config_of
 from strata.errors import EXIT_OK, CliError
-from strata.serving import free_udp_port, progress
+from strata.serving import free_udp_port, pid_alive, progress
 
 __all__ = ["start_cluster", "stop_cluster", "restart_process", "renew_master", "alive", "default_workers",
            "embedded_load_reading", "add_parsers"]
@@ -236,12 +236,9 @@ def renew_master(state_dir: Path, level: str, timeout: float = 60.0) -> tuple[st
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Whether a process started here still runs (a zombie child of ours counts as gone)."""
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie child of ours counts as gone
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
     except ChildProcessError:

@@ -19,7 +19,7 @@ import grpc
 from .errors import CliError
 
 __all__ = ["build_server", "run_until_stopped", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
-           "ready_writer", "server_tls", "add_process_options"]
+           "ready_writer", "server_tls", "add_process_options", "pid_alive"]
 
 MAX_MESSAGE = 256 * 1024 * 1024
 
@@ -62,6 +62,17 @@ def run_until_stopped(stop_event: threading.Event | None, on_ready: Callable[[],
 
 def progress(msg: str) -> None:
     print(f"[strata] {msg}", file=sys.stderr, flush=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def free_udp_port() -> int:

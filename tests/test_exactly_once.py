@@ -30,6 +30,8 @@ from strata.rpc import strata_pb2 as pb
 from strata.arrowio import to_ipc
 from strata.users import UserStore
 
+from .fakes import Context
+
 QUERIES = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 3] GROUP BY sid", "SELECT COUNT(*) FROM Vitals"]
 P = "pete/run-1"
 
@@ -232,20 +234,6 @@ def test_a_log_of_an_older_version_restores_without_marks(tmp_path, battlefield)
 
 
 # ---- the servicer: one acknowledgement per batch ------------------------------------------------
-class Context:
-    def __init__(self, token):
-        self.md = [("authorization", f"Bearer {token}")]
-
-    def invocation_metadata(self):
-        return self.md
-
-    def abort(self, code, message):
-        raise AssertionError(f"aborted: {code} {message}")
-
-    def peer(self):
-        return "ipv4:127.0.0.1:1"
-
-
 def test_ingest_stream_acks_duplicates_and_keys_producers_by_user(tmp_path, battlefield):
     users = UserStore(tmp_path / "users.json", battlefield.lattice)
     users.add("pete", "S", "pw", roles="producer")
@@ -253,7 +241,7 @@ def test_ingest_stream_acks_duplicates_and_keys_producers_by_user(tmp_path, batt
     core, store = make(tmp_path, battlefield)
     sessions = Sessions(users, "S")
     sv = MasterServicer(core, sessions)
-    pete, paul = (Context(sessions.login(u, "pw", "S").token) for u in ("pete", "paul"))
+    pete, paul = (Context(sessions.login(u, "pw", "S").token, peer="ipv4:127.0.0.1:1") for u in ("pete", "paul"))
 
     def batch(seq, ts, pid="cli"):
         return pb.IngestBatch(stream="Vitals", arrow=to_ipc(vitals(ts)), labelled=True, producer_id=pid, seq=seq)

@@ -9,16 +9,10 @@ import time
 import pytest
 
 from strata.groups.membership import GroupMember, GroupSpec, GroupTable, Heartbeat, encode_heartbeat
+from strata.serving import free_udp_port
 
 from .polling import poll
 
-
-def free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 SIDS = {"S": ["127.0.0.1:101", "127.0.0.1:102"], "TS": ["127.0.0.1:201", "127.0.0.1:202"]}

@@ -29,6 +29,7 @@ from strata.groups.membership import (
     GroupTable, Heartbeat, HeartbeatError, Identity, receiver, decode_heartbeat, encode_heartbeat, encode_payload,
     info_probe, seal, validate_fields,
 )
+from strata.serving import free_udp_port
 
 from .polling import poll, wait_for
 
@@ -416,13 +417,6 @@ def test_validate_fields_either_refuses_or_returns_sane_values(d):
         return
     assert math.isfinite(h.cpu) and math.isfinite(h.sent_at) and 1 <= h.slots <= 1024
 
-
-def free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sender():

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata.arrowio import MAX_DECODED_BYTES, BatchTooLarge, IpcError, from_ipc, to_ipc
+from strata.arrowio import MAX_DECODED_BYTES, BatchTooLarge, from_ipc, to_ipc
 from strata.chunking.codec import CodecError, decode_chunk, encode_chunk
 from strata.chunking.model import Chunk, QueryChunk
 from strata.master.core import MAX_INGEST_BYTES, MasterCore
@@ -19,6 +19,8 @@ from strata.master.sessions import Sessions
 from strata.master.store import MasterStore
 from strata.rpc import strata_pb2 as pb
 from strata.users import UserStore
+
+from .fakes import Context
 
 MiB = 1 << 20
 
@@ -153,22 +155,6 @@ def test_a_chunk_of_compressed_tables_has_one_budget(monkeypatch):
 
 
 # ---- the master: refused with one line, counted, nothing applied ----------------------------------------
-class Context:
-    """Just what MasterServicer.Ingest asks of a gRPC context."""
-
-    def __init__(self, token: str):
-        self.md = [("authorization", f"Bearer {token}")]
-
-    def invocation_metadata(self):
-        return self.md
-
-    def abort(self, code, message):
-        raise AssertionError(f"aborted: {code} {message}")
-
-    def peer(self):
-        return "ipv4:127.0.0.1:5555"
-
-
 def test_master_refuses_a_bomb_batch_in_one_line_and_applies_nothing(battlefield, tmp_path):
     from strata.master.server import MasterServicer
 

@@ -33,6 +33,8 @@ import os
 import threading
 from pathlib import Path
 
+from strata.serving import pid_alive
+
 __all__ = ["get_session", "DEFAULT_CONF", "LOCAL_CONF", "JAVA_OPTIONS", "java_options", "cds_options",
            "cache_dir", "build_archive"]
 
@@ -137,16 +139,6 @@ def _cds_key(options: list[str]) -> str | None:
     return h.hexdigest()[:20]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _archive_paths(options: list[str]) -> tuple[Path, Path, Path] | None:
     """(archive, lock, directory) for these JVM options, or None when no archive applies."""
     if os.environ.get("STRATA_CDS", "1").strip().lower() in ("0", "false", "no", "off"):
@@ -169,7 +161,7 @@ def _take_lock(lock: Path) -> bool:
                 holder = int(lock.read_text().strip() or 0)
             except (OSError, ValueError):
                 holder = 0
-            if holder and _alive(holder):
+            if holder and pid_alive(holder):
                 return False
             lock.unlink(missing_ok=True)
             continue
