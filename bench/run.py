@@ -22,6 +22,10 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
 * ``chunks``   throughput of the target query vs chunk length (instants per chunk)
 * ``cw``       Chinese Wall experiments 1-6 of §9.5, MLS vs vanilla
 * ``peers``    Spark Structured Streaming (time-window AVG) and single-process DuckDB
+* ``load``     many subscribers on one master (bench/load.py): Status latency, master RSS and
+               CPU for 0-200 subscribers over 25 sessions (default limits), a paced producer
+* ``memory``   the master's RSS over one `strata ingest` run of 10 M tuples (quick: 2 M) on the
+               user's path, sampled every 0.5 s (bench/memory.py)
 * ``micro``    the engine micro-benchmark (bench/engine_micro.py), not in the default set
 
 Every run's output is compared with the reference evaluator on sampled instants
@@ -51,7 +55,7 @@ from bench.check import BenchCheckFailed, check_sample, compare_avg, duckdb_avg_
 from bench.e2e import BenchCluster, replay, _log  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
-SECTIONS = ["userpath", "bf", "overhead", "mpath", "latency", "chunks", "alg5", "cw", "peers"]
+SECTIONS = ["userpath", "bf", "overhead", "mpath", "latency", "chunks", "alg5", "cw", "peers", "load", "memory"]
 
 QUICK = dict(bf_tuples=400_000, bf_per_instant=50_000, bf_workers=[2, 1], bf_queries=list(W.BF_QUERIES), reps=1,
              chunk=4, lat_tuples=400_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8], chunk_tuples=800_000,
@@ -61,6 +65,12 @@ FULL = dict(bf_tuples=1_000_000, bf_per_instant=50_000, bf_workers=[3, 2, 1], bf
             chunk=4, lat_tuples=1_500_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8, 16], chunk_tuples=2_000_000,
             cw_tuples=2_000_000, cw6_tuples=250_000, peer_tuples=2_000_000, sample=3,
             ov_sizes=[1_000_000, 2_000_000], ov_rate=100_000, ov_runs=4, ov_discard=1)
+# load (bench/load.py): subscriber counts, a paced producer (instant 0, then instants of per_instant tuples
+# at instant_rate per second); memory (bench/memory.py): tuples of the one `strata ingest` run
+QUICK.update(load_subscribers=[0, 50, 200], load_per_instant=5_000, load_instants=60, load_instant_rate=5.0,
+             mem_tuples=2_000_000)
+FULL.update(load_subscribers=[0, 50, 100, 200], load_per_instant=5_000, load_instants=60, load_instant_rate=5.0,
+            mem_tuples=10_000_000)
 
 
 def machine() -> dict:
@@ -307,6 +317,20 @@ def sec_userpath(args, res: dict) -> None:
     from bench import userpath
 
     userpath.run(args, res)
+
+
+def sec_load(args, res: dict) -> None:
+    """Subscribers vs status latency, master memory and CPU through a real cluster (bench/load.py)."""
+    from bench import load
+
+    load.run(args, res)
+
+
+def sec_memory(args, res: dict) -> None:
+    """The master's memory over one long `strata ingest` run on the user's path (bench/memory.py)."""
+    from bench import memory
+
+    memory.run(args, res)
 
 
 def sec_micro(args, res: dict) -> None:

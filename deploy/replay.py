@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from strata.commands import (EXIT_FAILED, client_call, client_tls, fmt_value, instant_batches, login, parse_inputs,
-                             register_queries)
+from strata.commands import (EXIT_FAILED, client_call, client_tls, drop_above, fmt_value, instant_batches, login,
+                             parse_inputs, register_queries)
 from strata.errors import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
 from strata.serving import progress
 
@@ -112,7 +112,9 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         total = sum(t.num_rows for _, t in data)
         progress(f"replaying {total} tuples")
         t2 = time.monotonic()
+        data, above = drop_above(cfg, data, c.level)  # the shepherd would drop them on arrival
         reply = client_call(c.ingest, instant_batches(cfg, data, c.level), labelled=True, what="input rejected: ")
+        out_t["ingested"] = round(time.monotonic() - t2, 3)
         if reply.error:
             raise CliError(f"input rejected: {reply.error}", EXIT_REJECTED)
         client_call(c.advance, finish=True)
@@ -138,7 +140,7 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         write_outputs(output, regs, results)
         out_t["write"] = round(time.monotonic() - t3, 3)
         c.close()
-        progress(f"accepted {reply.accepted} tuples ({reply.dropped_by_shepherd} above level {c.level} dropped); "
+        progress(f"accepted {reply.accepted} tuples ({above + reply.dropped_by_shepherd} above level {c.level} dropped); "
                   f"wrote {output}")
         failed = {q: e for q, (state, e) in c.ended.items() if state == "failed"}
         for q, e in failed.items():

@@ -24,9 +24,10 @@ close (the latency target: with paced input each chunk goes out alone as soon as
 it is cut), and the chunks form the unit of ordering, retries and restarts.
 When chunks wait for a worker, the next dispatch takes the oldest
 ``ceil(ready / workers)`` consecutive ones (``workers``: those that take chunks,
-busy or not: :meth:`MasterCore._shares`; at most ``max_unit_rows`` tuples, and never a chunk
-that already failed) as one merged chunk: one Spark job per share of the
-backlog, so that every worker stays busy and none is left with all of it.  The answer does not
+busy or not: :meth:`MasterCore._shares`, and no more than one per ``split_rows`` rows the
+backlog gives Spark once pruned: :meth:`MasterCore._split`; at most ``max_unit_rows`` tuples, and
+never a chunk that already failed) as one merged chunk: one Spark job per share of the
+backlog, so that every worker with work worth a job stays busy and none is left with all of it.  The answer does not
 depend on these decisions (tests/test_adaptive.py).
 
 Metadata is data: nothing this object reports (status, counters, error texts)
@@ -67,6 +68,11 @@ DEFAULT_ADVANCE_HORIZON = 3600
 DEFAULT_RESULT_RETENTION_ROWS = 1_000_000
 #: at most this many tuples (before pruning) in a merged dispatch unit; a single chunk may be larger
 MAX_UNIT_ROWS = 1_000_000
+#: rows (after pruning) a share of a backlog must give Spark before the backlog is split over another
+#: worker (:meth:`MasterCore._split`): a job's fixed cost (~0.15-0.2 s of planning and scheduling,
+#: warm) is what ~100-200 k rows of evaluation cost, and on a small host two jobs at once also
+#: take each other's cores
+SPLIT_ROWS = 100_000
 #: a query's state as its owner sees it
 STATES = ("running", "ended", "cancelled", "failed", "revoked")
 
@@ -151,7 +157,7 @@ class MasterCore:
     def __init__(self, config: Config, level: str, chunk_instants: int = 1, cpu_threshold: float = 90.0,
                  max_in_flight: int = 2, worker_timeout: float = 3.0, chunk_deadline: float = 60.0,
                  clock=time.monotonic, store=None, chunk_retries: int = 3, adaptive: bool = True,
-                 max_unit_rows: int = MAX_UNIT_ROWS, linger: bool = False):
+                 max_unit_rows: int = MAX_UNIT_ROWS, linger: bool = False, split_rows: int = SPLIT_ROWS):
         """``store``: a :class:`~strata.master.store.MasterStore`; every registration,
         accepted batch, advance and stopped query is logged there before it is
         acknowledged, and :meth:`restore` replays a previous run's log.
@@ -160,7 +166,9 @@ class MasterCore:
         ``max_in_flight``: the evaluation slots of a worker whose heartbeat does not report them.
         ``adaptive``: merge consecutive ready chunks under a backlog (off: one chunk per call).
         ``linger``: while input arrives faster than a job takes, gather ready chunks for up to one
-        job's time (at most one chunk period) before sending them (:meth:`_holding`)."""
+        job's time (at most one chunk period) before sending them (:meth:`_holding`).
+        ``split_rows``: a backlog is spread over another worker only for every this many rows it gives
+        Spark once pruned (0: always one share per worker; :meth:`_split`)."""
         self.config = config
         self.store = store
         self._qids = itertools.count(1)
@@ -172,6 +180,8 @@ class MasterCore:
         self.chunk_retries = max(1, int(chunk_retries))
         self.adaptive = adaptive
         self.max_unit_rows = int(max_unit_rows)
+        self.split_rows = max(0, int(split_rows))
+        self._work: dict[int, int] = {}  # chunk id -> rows it gives Spark once pruned (ready chunks)
         self.linger = linger
         self.chunk_period = float(chunk_instants) * float(getattr(config, "instant_seconds", 1.0) or 1.0)
         self._advanced: deque[float] = deque(maxlen=2)  # when the last two advances cut chunks
@@ -663,7 +673,7 @@ class MasterCore:
                 # the workers busy before this call and those still free share what is ready; a
                 # slot that frees later takes no smaller a share of the same backlog (else the
                 # shares would shrink geometrically: many small jobs)
-                want = max(floor, self._unit_size(len(self._ready), self._shares() - len(out)))
+                want = max(floor, self._unit_size(len(self._ready), self._split(self._shares() - len(out))))
                 issued = max(issued, want)
                 views = self._take(view, want)
                 unit = views[0].chunk_id
@@ -720,6 +730,32 @@ class MasterCore:
         live = [e for e in table if e.state == "ready" and e.external < self.dispatcher.cpu_threshold]
         return len(live or [e for e in table if e.state == "ready"])
 
+    def _split(self, shares: int) -> int:
+        """How many of ``shares`` the ready backlog is cut into: one per :attr:`split_rows` rows it
+        gives Spark once pruned, at least one, at most ``shares``.  A backlog of pruned ROWS-window
+        chunks (a few thousand rows however many tuples arrived) is one job on one worker: two jobs
+        of half of it each cost two jobs' fixed cost, at the same time on a 2-core host (a 1 M-tuple
+        replay: two 25-instant jobs ~0.37 s each side by side, one 50-instant job ~0.2 s).  A backlog
+        of RANGE windows, whose rows all count, is spread over every worker."""
+        if not self.split_rows or shares <= 1:
+            return shares
+        from strata.chunking.prune import work_rows
+
+        work = 0
+        for cid in self._ready:
+            w = self._work.get(cid)
+            if w is None:
+                chunk = self.pipeline.chunks.get(cid)
+                try:
+                    w = 0 if chunk is None else work_rows(chunk, self.pipeline.queries)
+                except Exception:  # noqa: BLE001 - an estimate only: count every row
+                    w = chunk.num_rows
+                self._work[cid] = w
+            work += w
+            if work >= shares * self.split_rows:
+                return shares
+        return max(1, min(shares, math.ceil(work / self.split_rows)))
+
     def _unit_size(self, ready: int, shares: int) -> int:
         """How many ready chunks the next unit takes: an equal share of the backlog per worker of
         the group (:meth:`_shares`), busy ones included.  A worker that frees while others are
@@ -732,6 +768,8 @@ class MasterCore:
     def _take(self, head: Chunk, want: int) -> list[Chunk]:
         """Pop the head of the ready queue (``head``: its live view) and up to ``want - 1`` chunks
         cut right after it, stopping at a chunk that failed before or at the row cap."""
+        from strata.chunking.prune import new_rows
+
         self._ready.popleft()
         views = [head]
         want = min(want, self._cap.get(head.chunk_id, want))
@@ -753,11 +791,15 @@ class MasterCore:
                 self._release(nxt, [])
                 last = nxt
                 continue
-            if rows + view.num_rows > self.max_unit_rows:
+            try:  # a merged unit carries the first chunk's legacy only: the others add their new rows
+                added = new_rows(view)
+            except Exception:  # noqa: BLE001 - an estimate only: count every row
+                added = view.num_rows
+            if rows + added > self.max_unit_rows:
                 break
             self._ready.popleft()
             views.append(view)
-            rows += view.num_rows
+            rows += added
             last = nxt
         return views
 
@@ -832,6 +874,7 @@ class MasterCore:
         for cid in {r.chunk_id for r in released} | {chunk_id}:
             if cid not in self.pipeline.chunks:
                 self._cut_at.pop(cid, None)
+                self._work.pop(cid, None)
                 self._attempts.pop(cid, None)
                 self._last_failure.pop(cid, None)
                 self._cap.pop(cid, None)

@@ -272,7 +272,7 @@ def test_split_result_routes_rows_states_and_failures(battlefield):
 
 
 def test_backlog_is_spread_over_workers_and_paced_chunks_go_alone(battlefield):
-    core = MasterCore(battlefield, "S")
+    core = MasterCore(battlefield, "S", split_rows=0)  # every backlog worth splitting (see the next test)
     core.heartbeat("w1", 0.0, slots=2)
     core.heartbeat("w2", 0.0, slots=2)
     core.register("ana", ["SELECT AVG(bp) FROM Vitals [ROWS 100]"])
@@ -301,6 +301,64 @@ def test_backlog_is_spread_over_workers_and_paced_chunks_go_alone(battlefield):
     core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
     # the freed slot takes its worker's share of the backlog, not all of it
     assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(20, 23)]
+
+
+@pytest.mark.parametrize("per_instant,split_rows,units", [(3, 100_000, 1), (3, 4, 2), (200, 150, 2), (200, 10_000, 1)])
+def test_a_backlog_is_split_only_when_its_pruned_rows_outweigh_a_job(battlefield, per_instant, split_rows, units):
+    """ROWS 2 keeps two rows per instant once pruned: ten instants of a 3-row-per-instant backlog are
+    20 rows, one job on one worker unless a share of 4 rows is worth a job; RANGE keeps every row."""
+    core = MasterCore(battlefield, "S", split_rows=split_rows)
+    core.heartbeat("w1", 0.0, slots=2)
+    core.heartbeat("w2", 0.0, slots=2)
+    q = "SELECT AVG(bp) FROM Vitals [ROWS 2]" if per_instant == 3 else "SELECT AVG(bp) FROM Vitals [RANGE 2 SECONDS]"
+    core.register("ana", [q])
+    core.ingest("Vitals", _vitals([t for t in range(1, 11) for _ in range(per_instant)]), None)
+    core.advance(upto_ts=10)
+    sent = core.assignments()
+    assert len(sent) == units
+    assert [(c.first_ts, c.last_ts) for c, _ in sent] == ([(1, 10)] if units == 1 else [(1, 5), (6, 10)])
+
+
+def test_the_unit_row_cap_counts_the_legacy_once(battlefield):
+    """A merged unit carries the first chunk's legacy and every chunk's new tuples: RANGE chunks of 10
+    new tuples and up to 20 legacy ones make a 10-instant unit of 100 rows, within a cap of 120 (the
+    sum of the chunks' own rows, ~270, would have cut it after four)."""
+    core = MasterCore(battlefield, "S", max_unit_rows=120)
+    core.heartbeat("w1", 0.0, slots=1)
+    core.register("ana", ["SELECT COUNT(*) FROM Vitals [RANGE 3 SECONDS]"])
+    core.ingest("Vitals", _vitals([t for t in range(1, 11) for _ in range(10)]), None)
+    core.advance(upto_ts=10)
+    [(c, _)] = core.assignments()
+    assert (c.first_ts, c.last_ts) == (1, 10) and c.num_rows == 100
+    core2 = MasterCore(battlefield, "S", max_unit_rows=60)  # the cap still holds: 60 rows at most
+    core2.heartbeat("w1", 0.0, slots=1)
+    core2.register("ana", ["SELECT COUNT(*) FROM Vitals [RANGE 3 SECONDS]"])
+    core2.ingest("Vitals", _vitals([t for t in range(1, 11) for _ in range(10)]), None)
+    core2.advance(upto_ts=10)
+    [(c, _)] = core2.assignments()
+    assert (c.first_ts, c.last_ts) == (1, 6) and c.num_rows <= 60
+
+
+def test_chunks_travel_with_the_columns_their_queries_read(battlefield):
+    """``prune_chunk`` cuts every table to ts, level, the arrival order and the attributes some query of
+    the chunk reads (the same columns for all, so equal tables stay equal for sharing)."""
+    from strata.chunking.prune import prune_chunk, used_columns
+
+    texts = {"q1": "SELECT sid, AVG(bp) FROM Vitals [RANGE 2 SECONDS] GROUP BY sid",
+             "q2": "SELECT COUNT(*) FROM Vitals [PARTITION BY sid ROWS 2] WHERE pr > 0"}
+    cqs = {q: compile_query(t, battlefield, "S") for q, t in texts.items()}
+    assert used_columns(cqs["q1"].query) == {"sid", "bp"}
+    assert used_columns(cqs["q2"].query) == {"sid", "pr"}
+    for qs, want in ((["q1"], {"ts", "level", "sid", "bp"}), (["q1", "q2"], {"ts", "level", "sid", "bp", "pr"})):
+        ch = Chunker(battlefield, {q: cqs[q] for q in qs})
+        ch.push("Vitals", _vitals([1, 1, 2, 3]))
+        chunks = ch.close(3)
+        for c in chunks:
+            sent = prune_chunk(c, cqs)
+            for qc in sent.queries:
+                for t in qc.items:
+                    assert {n.lower() for n in t.column_names} - {"_seq"} == want
+                    assert "weight" not in t.column_names
 
 
 def test_a_failed_chunk_travels_alone_and_is_given_up_alone(battlefield):
@@ -409,6 +467,34 @@ def test_instant_batches_close_only_complete_instants(battlefield, sizes, gaps, 
         assert upto <= max(kept_max, 0) + battlefield.limits.advance_horizon
         assert last_adv is None or upto > last_adv
         last_adv = upto
+
+
+@settings(max_examples=60, deadline=None)
+@given(levels=st.lists(st.sampled_from(["U", "C", "S", "TS", " S ", "bogus", None]), max_size=30),
+       at=st.sampled_from(["U", "C", "S", "TS"]))
+def test_drop_above_leaves_out_exactly_what_the_shepherd_drops(battlefield, levels, at):
+    """Replay and labelled ingest leave out the rows the master's shepherd would drop on arrival, and
+    only those: every other row (an unknown or missing level too: the master names it) is sent, in
+    order; the count is what the producer is told."""
+    from strata.commands import drop_above
+    from strata.master.shepherd import Shepherd
+
+    vit = _vitals(list(range(len(levels))), levels=levels)
+    vit = vit.set_column(1, "level", pa.array(levels, pa.string()))
+    (stream, kept), = drop_above(battlefield, [("Vitals", vit)], at)[0]
+    n = drop_above(battlefield, [("Vitals", vit)], at)[1]
+    lat = battlefield.lattice
+
+    def above(x):
+        try:
+            return x is not None and not lat.leq(lat.parse(x), at)
+        except ValueError:
+            return False
+
+    assert stream == "Vitals" and n == sum(map(above, levels))
+    assert kept.column("ts").to_pylist() == [i for i, x in enumerate(levels) if not above(x)]
+    if all(x is not None and not above(x) and x != "bogus" for x in levels) and levels:
+        assert Shepherd(lat, at).filter(kept)[1] == 0  # nothing left for the shepherd to drop
 
 
 def test_embedded_clusters_honour_the_configured_load_reading():

@@ -53,3 +53,38 @@ def test_report_overhead_section(tmp_path):
         assert "matplotlib is not installed" in text
     else:
         assert (tmp_path / "overhead.png").exists()
+
+
+def test_memory_analysis_and_the_new_sections_render(tmp_path):
+    """bench/memory.py's RSS analysis and the report's load and memory sections (no cluster)."""
+    from bench.memory import analyse
+    from bench.report import write_report
+
+    mb = 1024
+    samples = [{"t": 0.0, "rss_kb": 100 * mb, "accepted": 0}, {"t": 0.5, "rss_kb": 150 * mb, "accepted": 300, "backlog": 3},
+               {"t": 1.0, "rss_kb": 200 * mb, "accepted": 500, "backlog": 5}, {"t": 1.5, "rss_kb": 206 * mb, "accepted": 800},
+               {"t": 2.0, "rss_kb": 210 * mb, "accepted": 1000}, {"t": 2.5, "rss_kb": 300 * mb, "accepted": 1000}]
+    a = analyse(samples, expected=1000, tuples=2000)
+    assert [(k, v["rss_mb"], v["fraction"]) for k, v in a["at"].items()] == \
+        [("10", 150.0, 0.3), ("50", 200.0, 0.5), ("90", 210.0, 1.0), ("100", 210.0, 1.0)]
+    assert a["slope_samples"] == 3 and a["second_half_range_mb"] == [200.0, 210.0]  # samples after 100 % left out
+    assert abs(a["slope_mb_per_m"] - 10 / 0.001) < 1e-6  # 10 MB over 1,000 input tuples
+
+    run = {"subscribers": 0, "max_per_session": 0, "status_calls": 60, "status_during_input": 58, "status_p50_ms": 4.0,
+           "status_p99_ms": 30.0, "status_max_ms": 40.0, "rss_base_mb": 150.0, "rss_subscribed_mb": 150.0,
+           "rss_peak_mb": 170.0, "rss_end_mb": 169.0, "cpu_seconds": 1.0, "cpu_percent": 8.0, "load": 2.0}
+    res = {"meta": {"command": "test", "mode": "quick"},
+           "load": {"runs": [run, run | {"subscribers": 200, "max_per_session": 8, "rss_peak_mb": 190.0}],
+                    "checks": ["N=200: all 200 subscribers got all 61 results"], "query": "Q", "level": "S",
+                    "per_instant": 5000, "instants": 60, "instant_rate": 5.0, "workers": 2, "tls": True, "users": 5,
+                    "sessions": 25, "status_every": 0.2, "rss_every": 0.25, "load_start": 1.0, "load_end": 2.0,
+                    "mode": "quick", "date": "today"},
+           "memory": {"tuples": 2000, "accepted": 1000, "per_instant": 100, "query": "Q", "level": "S", "workers": 2,
+                      "every": 0.5, "checks": ["DuckDB agrees"], "mode": "quick", "date": "today", **a}}
+    write_report(res, tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "## Many subscribers on one master: Status latency, memory and CPU (quick mode, today)" in text
+    assert "| 200 | 8 | 60 (58) | 4.0 | 30.0 | 40.0 | 150.0 | 150.0 | 190.0 | 169.0 | 1.00 | 8.0 | 2.0 |" in text
+    assert "(+102 kB per subscriber)" in text and "no limit raised" in text
+    assert "| 50 % of the input | 50% | 1.0 | 200.0 | 5 |" in text
+    assert "**10,000.00 MB per million input tuples**" in text and "the slope here says little" in text

@@ -267,7 +267,7 @@ def test_advance_beyond_the_horizon_and_ts_beyond_max_ts_are_refused(cl, tmp_pat
     assert after["counters"].get("accepted", 0) == before["counters"].get("accepted", 0)  # refused whole
     write_csv(f, VITALS, [(t[0], "S", "a", 1.0, 1.0, 1.0), (MAXLONG, "TS", "a", 1.0, 1.0, 1.0)])
     r = cli(cl, "pete", "ingest", "--labelled", "--input", f"Vitals={f}")  # a TS row is none of S's business
-    assert r.returncode == 0 and "accepted 1, dropped by shepherd 1" in r.stderr, r.stderr
+    assert r.returncode == 0 and "sent 1/2 tuples in 1 batches: accepted 1, dropped above level S 1" in r.stderr, r.stderr
     r = cli(cl, "pete", "advance", "--upto", str(t[0]))
     assert r.returncode == 0, r.stderr
 
