@@ -66,6 +66,9 @@ DEFAULT_MAX_TS = 2**53 - 1
 DEFAULT_ADVANCE_HORIZON = 3600
 #: released rows kept per query for subscribers that resume ([limits] result_retention_rows)
 DEFAULT_RESULT_RETENTION_ROWS = 1_000_000
+DEFAULT_RESULT_RETENTION_RESULTS = 10_000  # ... and results per query (each costs ~1-2 kB besides its rows)
+#: rows of cut, unreleased chunks above which a producer's next batch waits ([limits] max_backlog_rows; 0: never)
+DEFAULT_MAX_BACKLOG_ROWS = 4_000_000
 #: at most this many tuples (before pruning) in a merged dispatch unit; a single chunk may be larger
 MAX_UNIT_ROWS = 1_000_000
 #: rows (after pruning) a share of a backlog must give Spark before the backlog is split over another
@@ -182,6 +185,9 @@ class MasterCore:
         self.max_unit_rows = int(max_unit_rows)
         self.split_rows = max(0, int(split_rows))
         self._work: dict[int, int] = {}  # chunk id -> rows it gives Spark once pruned (ready chunks)
+        self._chunk_rows: dict[int, int] = {}  # chunk id -> its rows, while cut and not released
+        self._backlog_rows = 0  # their sum (:meth:`backlog_rows`)
+        self.max_backlog_rows = int(getattr(getattr(config, "limits", None), "max_backlog_rows", DEFAULT_MAX_BACKLOG_ROWS))
         self.linger = linger
         self.chunk_period = float(chunk_instants) * float(getattr(config, "instant_seconds", 1.0) or 1.0)
         self._advanced: deque[float] = deque(maxlen=2)  # when the last two advances cut chunks
@@ -190,6 +196,8 @@ class MasterCore:
         self.max_ts, self.advance_horizon = _limits(config)
         self.result_retention_rows = int(getattr(getattr(config, "limits", None), "result_retention_rows",
                                                  DEFAULT_RESULT_RETENTION_ROWS))
+        self.result_retention_results = int(getattr(getattr(config, "limits", None), "result_retention_results",
+                                                    DEFAULT_RESULT_RETENTION_RESULTS))
         self.starvation_seconds = 1.0
         self._blocked_since: float | None = None
         self.queries: dict[str, QueryInfo] = {}
@@ -505,8 +513,13 @@ class MasterCore:
         chunks = self.pipeline.finish() if finish else self.pipeline.advance(upto_ts)
         if finish:
             self._finished = True
+        from strata.chunking.prune import new_rows
+
         for c in chunks:
             self._ready_add(c.chunk_id)
+            n = new_rows(c)  # its legacy is an earlier chunk's (or history's) rows: counted there
+            self._chunk_rows[c.chunk_id] = n
+            self._backlog_rows += n
         now = self._clock()
         if chunks:
             self._advanced.append(now)
@@ -873,6 +886,7 @@ class MasterCore:
         released = self.pipeline.complete(chunk_id, results)
         for cid in {r.chunk_id for r in released} | {chunk_id}:
             if cid not in self.pipeline.chunks:
+                self._backlog_rows -= self._chunk_rows.pop(cid, 0)
                 self._cut_at.pop(cid, None)
                 self._work.pop(cid, None)
                 self._attempts.pop(cid, None)
@@ -928,13 +942,31 @@ class MasterCore:
     # -- results ----------------------------------------------------------------------------------
     def _trim(self, info: QueryInfo) -> None:
         """Bound the results kept for resuming subscribers: drop the oldest while the query keeps more
-        than ``result_retention_rows`` rows (the newest result always stays).  A subscriber that
-        still needs a dropped one gets :class:`ResultsGone`, never a silent gap."""
-        while info.kept_rows > self.result_retention_rows and len(info.results) > 1:
+        than ``result_retention_rows`` rows or ``result_retention_results`` results (the newest
+        result always stays).  A subscriber that still needs a dropped one gets
+        :class:`ResultsGone`, never a silent gap."""
+        while ((info.kept_rows > self.result_retention_rows or len(info.results) > self.result_retention_results)
+               and len(info.results) > 1):
             old = info.results.pop(0)
             info.base += 1
             info.kept_rows -= old.rows.num_rows
             info.dropped_upto = old.last_ts if info.dropped_upto is None else max(info.dropped_upto, old.last_ts)
+
+    def backlog_rows(self) -> int:
+        """New rows of the chunks cut and not yet released (the input waiting for or in the workers; a
+        chunk's legacy is counted with the chunk or history it came from).  Only
+        rows the master keeps count (at or below its level), so waiting on it (:meth:`backlog_full`)
+        tells a session of this level nothing it may not know."""
+        return self._backlog_rows
+
+    def backlog_full(self) -> bool:
+        """Whether a producer's next batch should wait: ``[limits] max_backlog_rows`` reached.  The
+        workers drain the backlog; input that would only pile up in the master's memory waits in the
+        producer instead (gRPC flow control: the producer's sends block)."""
+        return bool(self.max_backlog_rows) and self._backlog_rows >= self.max_backlog_rows
+
+    def _retention(self) -> str:
+        return f"retention {self.result_retention_rows} rows, {self.result_retention_results} results"
 
     def check_resume(self, qids: list[str], after_ts: int) -> None:
         """Refuse (:class:`ResultsGone`) a subscription that resumes after ``after_ts`` when results of
@@ -944,7 +976,7 @@ class MasterCore:
                 info = self.queries[q]
                 if info.dropped_upto is not None and info.dropped_upto > after_ts:
                     raise ResultsGone(f"query {q}: results up to instant {info.dropped_upto} are no longer kept "
-                                      f"(retention {self.result_retention_rows} rows); resume after that instant")
+                                      f"({self._retention()}); resume after that instant")
 
     def wait_results(self, qids: list[str], cursor: dict[str, int], timeout: float) -> tuple[list[Released], list[str]]:
         """Results after ``cursor[qid]`` (a count of the query's results since its first, dropped
@@ -961,7 +993,7 @@ class MasterCore:
                     info = self.queries[q]
                     if cursor[q] < info.base:
                         raise ResultsGone(f"query {q}: results up to instant {info.dropped_upto} were dropped before "
-                                          f"this subscriber read them (retention {self.result_retention_rows} rows)")
+                                          f"this subscriber read them ({self._retention()})")
                     out.extend(info.results[cursor[q] - info.base:])
                     cursor[q] = info.base + len(info.results)
                     if info.ended:

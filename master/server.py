@@ -559,11 +559,26 @@ class AioMaster(rpc.MasterServicer):
         await self._open(context, s, call)
         return ctx, token, s
 
+    #: how often a producer held back by a full backlog looks again (:meth:`_backlog_wait`)
+    BACKLOG_POLL_SECONDS = 0.02
+
+    async def _backlog_wait(self, context, batch) -> None:
+        """Hold a batch with rows while the master's backlog is full (``[limits] max_backlog_rows``):
+        its producer's stream is not read meanwhile, so gRPC flow control blocks the producer's
+        sends and the input waits there instead of in the master's memory.  Only this stream waits
+        (other calls, other producers' advances and every subscriber are served); the backlog holds
+        only rows of this master's level or below, the only level whose sessions it serves."""
+        if not batch.arrow or not self.core.backlog_full():
+            return
+        while self.core.backlog_full() and not context.done():
+            await asyncio.sleep(self.BACKLOG_POLL_SECONDS)
+
     async def Ingest(self, request_iterator, context):
         ctx, token, s = await self._ingest_start(context, "Ingest")
         try:
             reply = pb.IngestReply()
             async for batch in request_iterator:
+                await self._backlog_wait(context, batch)
                 ok = await self._run(self.ingest, context, _add_batch, reply,
                                      functools.partial(self.sync._ingest_one, ctx, token, batch))
                 if not ok:
@@ -578,6 +593,7 @@ class AioMaster(rpc.MasterServicer):
             n = 0
             async for batch in request_iterator:
                 n += 1
+                await self._backlog_wait(context, batch)
                 ack = await self._run(self.ingest, context, _ack, batch, n,
                                       functools.partial(self.sync._ingest_one, ctx, token, batch))
                 yield ack

@@ -71,6 +71,11 @@ class Limits:
     advance_horizon: int = 3600
     #: released rows a master keeps per query for subscribers that resume (the oldest go first)
     result_retention_rows: int = 1_000_000
+    #: ... and at most this many released results (one per chunk and query with rows; each costs ~1-2 kB
+    #: besides its rows, so a query of one row per instant is bounded by this, not by the rows)
+    result_retention_results: int = 10_000
+    #: rows of cut chunks not yet computed above which producers' next batches wait (0: no limit)
+    max_backlog_rows: int = 4_000_000
     #: open Subscribe/Ingest streams a master allows per session and per user (one more: RESOURCE_EXHAUSTED)
     max_streams_per_session: int = 8
     max_streams_per_user: int = 64
@@ -214,8 +219,8 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0, "max_streams_per_session": 1,
-              "max_streams_per_user": 1}
+_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0, "result_retention_results": 1,
+              "max_backlog_rows": 0, "max_streams_per_session": 1, "max_streams_per_user": 1}
 
 
 def _limits(raw: Any, err) -> Limits:

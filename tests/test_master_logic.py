@@ -569,3 +569,22 @@ def test_results_are_kept_up_to_the_retention_and_a_gap_is_an_error(battlefield)
     with pytest.raises(ResultsGone, match="dropped before this subscriber read them"):
         core.wait_results([q], slow, timeout=0)
     assert "\n" not in str(ResultsGone("x"))
+
+
+def test_results_are_kept_up_to_a_number_of_results_too(battlefield):
+    """[limits] result_retention_results bounds the results a query keeps whatever their rows: a query
+    of one row per instant holds one small result per chunk, each with its own overhead."""
+    from dataclasses import replace as dc_replace
+
+    from strata.master.core import ResultsGone
+
+    cfg = dc_replace(battlefield, limits=dc_replace(battlefield.limits, result_retention_results=2))
+    core = MasterCore(cfg, "S", max_in_flight=10)
+    core.heartbeat("w1", 5.0)
+    q = core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 5]"])[0].query_id
+    core.ingest("Vitals", _vitals(list(range(1, 9)), ["S"] * 8), None)
+    core.advance(upto_ts=8)
+    _drain(core)
+    assert [r.last_ts for r in core.queries[q].results] == [7, 8] and core.queries[q].kept_rows == 2
+    with pytest.raises(ResultsGone, match=r"results up to instant 6 are no longer kept"):
+        core.check_resume([q], 5)

@@ -250,6 +250,43 @@ def test_ingest_stream_acknowledges_each_batch_once(tmp_path, battlefield):
         pete.close()
 
 
+def test_a_full_backlog_holds_the_producer_not_the_master(tmp_path, battlefield):
+    """[limits] max_backlog_rows: once the chunks cut and not yet computed hold that many rows, a
+    producer's next batch waits (its stream is not read: gRPC flow control holds the producer) while
+    Status and other calls are served; when the workers catch up the batch is applied, nothing lost."""
+    from dataclasses import replace as dc_replace
+
+    cfg = dc_replace(battlefield, limits=dc_replace(battlefield.limits, max_backlog_rows=5))
+    with master(tmp_path, cfg, {"pete": "producer", "olga": "operator,analyst"}) as (server, core, sv):
+        olga = login(server.address, "olga")
+        olga.register([QUERY])
+        pete = login(server.address, "pete")
+        acks: list = []
+
+        def batches():
+            for k in range(3):  # 4 rows each, closed at once: 8 rows cut after the second batch
+                yield pb.IngestBatch(stream="Vitals", arrow=to_ipc(vitals([k + 1] * 4)), labelled=True,
+                                     producer_id="p1", seq=k + 1, advance_upto=k + 1)
+
+        def produce():
+            acks.extend(pete.stub.IngestStream(batches(), metadata=pete._md))
+
+        th = threading.Thread(target=produce, daemon=True)
+        th.start()
+        wait_for(lambda: len(acks) == 2, 10, "two batches acknowledged")
+        assert core.backlog_rows() == 8 and core.backlog_full()
+        st, dt = timed(olga.status)  # the master answers others meanwhile
+        assert dt < 1.0 and st.counters["accepted"] == 8
+        th.join(0.5)
+        assert th.is_alive() and len(acks) == 2  # the third batch waits: no worker has drained anything
+        with FakeWorker(core):  # a worker computes the backlog: the third batch goes in
+            th.join(10)
+        assert not th.is_alive() and [a.seq for a in acks] == [1, 2, 3] and not any(a.error for a in acks)
+        assert core.pipeline.counters["accepted"] == 12 and core.backlog_rows() == 0
+        pete.close()
+        olga.close()
+
+
 def test_the_aio_front_checks_client_certificates(tmp_path, battlefield):
     """Mutual TLS on the aio server: a client certificate of another level reaches no servicer
     (PERMISSION_DENIED, counted like the thread server's PeerCheck did); the right one logs in."""
