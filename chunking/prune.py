@@ -150,8 +150,8 @@ _ALWAYS = ("ts", "level", "_seq")
 
 def used_columns(query) -> set[str] | None:
     """Lower-cased names of every attribute ``query`` reads anywhere (select, where, group by, having,
-    windows' PARTITION BY), whatever its qualifier; None when the tree holds a node this function does
-    not know (then nothing is left out)."""
+    windows' PARTITION BY), whatever its qualifier; None for ``SELECT *`` and when the tree holds a
+    node this function does not know (then nothing is left out)."""
     import dataclasses
 
     from strata.mlscql import ast as A
@@ -168,6 +168,8 @@ def used_columns(query) -> set[str] | None:
         if isinstance(x, A.Column):
             out.add(x.name.lower())
             return True
+        if isinstance(x, A.Query) and x.select is None:  # SELECT *: every attribute
+            return False
         if isinstance(x, A.Window):
             out.update(c.lower() for c in x.partition_by)
         return all(visit(getattr(x, f.name)) for f in dataclasses.fields(x))

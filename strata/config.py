@@ -4,6 +4,7 @@ Example::
 
     [lattice]
     levels = ["U", "C", "S", "TS"]        # lowest first; or: coi = [["1","2"],["A","B","C"]]
+                                           # or: classifications = [...] and categories = ["NATO", ...]
 
     [time]
     instant_seconds = 1                    # length of one instant
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .lattice import ChineseWall, Lattice, TotalOrder
+from .lattice import Categories, ChineseWall, Lattice, TotalOrder
 
 __all__ = [
     "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING",
@@ -150,25 +151,38 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
     lat = data.get("lattice")
     if not isinstance(lat, dict):
-        raise ConfigError(f"{where}: missing [lattice] section (levels = [...] or coi = [[...], ...])")
-    unknown = set(lat) - {"levels", "coi"}
+        raise ConfigError(f"{where}: missing [lattice] section (levels = [...], classifications = [...] or "
+                          f"coi = [[...], ...])")
+    unknown = set(lat) - {"levels", "coi", "classifications", "categories"}
     if unknown:
         k = sorted(unknown)[0]
-        raise err("lattice", k, "unknown key (expected 'levels' or 'coi')")
-    if ("levels" in lat) == ("coi" in lat):
-        raise err("lattice", None, "give exactly one of 'levels' (total order) or 'coi' (Chinese Wall)")
+        raise err("lattice", k, "unknown key (expected 'levels', 'classifications' and 'categories', or 'coi')")
+    if "categories" in lat and "classifications" not in lat:
+        raise err("lattice", "categories", "categories need 'classifications' (lowest first)")
+    if sum(k in lat for k in ("levels", "coi", "classifications")) != 1:
+        raise err("lattice", None, "give exactly one of 'levels' (total order), 'classifications' (with "
+                                   "'categories') or 'coi' (Chinese Wall)")
+    key = next(k for k in ("levels", "classifications", "coi") if k in lat)
     try:
         if "levels" in lat:
             if not isinstance(lat["levels"], list) or not all(isinstance(x, str) for x in lat["levels"]):
                 raise ValueError("must be a list of level names, lowest first")
             lattice: Lattice = TotalOrder(lat["levels"])
+        elif "classifications" in lat:
+            cls, cats = lat["classifications"], lat.get("categories", [])
+            if not isinstance(cls, list) or not all(isinstance(x, str) for x in cls):
+                raise ValueError("must be a list of classification names, lowest first")
+            if not isinstance(cats, list) or not all(isinstance(x, str) for x in cats):
+                key = "categories"
+                raise ValueError("must be a list of category names")
+            lattice = Categories(cls, cats)
         else:
             coi = lat["coi"]
             if not isinstance(coi, list) or not all(isinstance(c, list) for c in coi):
                 raise ValueError("must be a list of lists of company names")
             lattice = ChineseWall(coi)
     except ValueError as e:
-        raise err("lattice", "levels" if "levels" in lat else "coi", str(e)) from None
+        raise err("lattice", key, str(e)) from None
 
     time = data.get("time", {})
     if not isinstance(time, dict):

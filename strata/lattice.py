@@ -1,7 +1,8 @@
-"""Security lattices: total orders and Chinese Wall vector lattices.
+"""Security lattices: total orders, classifications with categories, Chinese Wall vector lattices.
 
 Levels are handled everywhere as their *canonical text*: ``"S"`` for a total
-order, ``"[1,B]"`` / ``"[⊥,T]"`` for a Chinese Wall lattice.  Canonical strings
+order, ``"(S,{NATO})"`` for a classification with categories, ``"[1,B]"`` /
+``"[⊥,T]"`` for a Chinese Wall lattice.  Canonical strings
 travel unchanged through Arrow columns, CSV files and protobuf messages.
 
 Every lattice also has a bitmask encoding with ``decode(a | b) == lub(a, b)``
@@ -16,7 +17,7 @@ from abc import ABC, abstractmethod
 from functools import cached_property
 from typing import Iterable
 
-__all__ = ["Lattice", "TotalOrder", "ChineseWall", "LevelError", "BOTTOM", "TOP", "BOTTOM_ALIASES", "TOP_ALIASES"]
+__all__ = ["Lattice", "TotalOrder", "Categories", "ChineseWall", "LevelError", "BOTTOM", "TOP", "BOTTOM_ALIASES", "TOP_ALIASES"]
 
 BOTTOM = "⊥"
 TOP = "T"
@@ -158,6 +159,115 @@ class TotalOrder(Lattice):
 
     def __repr__(self) -> str:
         return f"TotalOrder({list(self._levels)!r})"
+
+
+class Categories(Lattice):
+    """A classification and a set of categories (dissertation ch. 4: ``(S, {NATO})``): ``(c1, K1) ≤
+    (c2, K2)`` iff ``c1 ≤ c2`` in the total order of classifications and ``K1 ⊆ K2``; the lub takes
+    the higher classification and the union of the categories.  Two levels may be incomparable:
+    ``(S,{NATO})`` and ``(TS,{CRYPTO})``.
+
+    Canonical text ``(TS,{NATO,CRYPTO})``: categories in their declared order, ``(U,{})`` without
+    any.  A literal may also be written ``( TS , { CRYPTO, NATO } )`` or, without categories, as
+    the bare classification ``TS``.  Mask: the classification as a total order's prefix bits (one
+    per classification), then one bit per category, so ``decode(a | b) == lub(a, b)``."""
+
+    kind = "categories"
+    #: categories a lattice may have: every level is enumerated (classifications × 2^categories)
+    MAX_CATEGORIES = 10
+
+    def __init__(self, classifications: Iterable[str], categories: Iterable[str] = ()):
+        self.classes = TotalOrder(classifications)
+        cats = tuple(categories)
+        for c in cats:
+            if not isinstance(c, str) or not c.isidentifier():
+                raise ValueError(f"category name {c!r} is not an identifier")
+            if c in self.classes.levels:
+                raise ValueError(f"category {c!r} is also a classification")
+        if len(set(cats)) != len(cats):
+            dup = next(x for x in cats if cats.count(x) > 1)
+            raise ValueError(f"duplicate category {dup!r}")
+        if len(cats) > self.MAX_CATEGORIES:
+            raise ValueError(f"at most {self.MAX_CATEGORIES} categories are supported (every level is enumerated)")
+        if len(self.classes.levels) + len(cats) > _MAX_MASK_BITS:
+            raise ValueError(f"classifications and categories need at most {_MAX_MASK_BITS} mask bits")
+        self.categories = cats
+        self._cat_index = {c: i for i, c in enumerate(cats)}
+        self._n = len(self.classes.levels)
+
+    # parts ------------------------------------------------------------------
+    def split(self, level: str) -> tuple[str, frozenset[str]]:
+        """(classification, categories) of a canonical level."""
+        cls, rest = level[1:-1].split(",", 1)
+        body = rest.strip()[1:-1]
+        return cls, frozenset(x for x in body.split(",") if x)
+
+    def make(self, cls: str, cats: Iterable[str]) -> str:
+        ordered = sorted(set(cats), key=self._cat_index.__getitem__)
+        return f"({cls},{{{','.join(ordered)}}})"
+
+    @cached_property
+    def levels(self) -> tuple[str, ...]:
+        subsets = [frozenset(c for j, c in enumerate(self.categories) if k >> j & 1)
+                   for k in range(1 << len(self.categories))]
+        pairs = [(r, cls, s) for r, cls in enumerate(self.classes.levels) for s in subsets]
+        pairs.sort(key=lambda p: (p[0] + len(p[2]), p[0], sorted(self._cat_index[c] for c in p[2])))
+        return tuple(self.make(cls, s) for _, cls, s in pairs)
+
+    @property
+    def bottom(self) -> str:
+        return self.make(self.classes.bottom, ())
+
+    @property
+    def top(self) -> str:
+        return self.make(self.classes.top, self.categories)
+
+    def leq(self, a: str, b: str) -> bool:
+        if a is None or b is None:
+            return False
+        (ca, ka), (cb, kb) = self.split(a), self.split(b)
+        return self.classes.leq(ca, cb) and ka <= kb
+
+    def lub(self, a: str, b: str) -> str:
+        (ca, ka), (cb, kb) = self.split(a), self.split(b)
+        return self.make(self.classes.lub(ca, cb), ka | kb)
+
+    def parse(self, text: str) -> str:
+        t = str(text).strip()
+        if t.startswith("(") and t.endswith(")"):
+            inner = t[1:-1]
+            cls, sep, rest = inner.partition(",")
+            rest = rest.strip()
+            if not sep or not (rest.startswith("{") and rest.endswith("}")):
+                raise LevelError(f"level {t!r} is not written like (S,{{NATO}}) or S")
+            names = [x.strip() for x in rest[1:-1].split(",") if x.strip()]
+        else:
+            cls, names = t, []
+        try:
+            cls = self.classes.parse(cls)
+        except LevelError:
+            raise LevelError(f"level {t!r}: unknown classification {cls.strip()!r} "
+                             f"(classifications: {', '.join(self.classes.levels)})") from None
+        for x in names:
+            if x not in self._cat_index:
+                raise LevelError(f"level {t!r}: unknown category {x!r} (categories: "
+                                 f"{', '.join(self.categories) or 'none'})")
+        return self.make(cls, names)
+
+    def encode(self, level: str) -> int:
+        cls, cats = self.split(level)
+        mask = self.classes.encode(cls)
+        for c in cats:
+            mask |= 1 << (self._n + self._cat_index[c])
+        return mask
+
+    def decode(self, mask: int) -> str:
+        m = int(mask)
+        cls = self.classes.decode(m & ((1 << self._n) - 1))
+        return self.make(cls, (c for j, c in enumerate(self.categories) if m >> (self._n + j) & 1))
+
+    def __repr__(self) -> str:
+        return f"Categories({list(self.classes.levels)!r}, {list(self.categories)!r})"
 
 
 class ChineseWall(Lattice):

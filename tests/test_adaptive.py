@@ -349,6 +349,8 @@ def test_chunks_travel_with_the_columns_their_queries_read(battlefield):
     cqs = {q: compile_query(t, battlefield, "S") for q, t in texts.items()}
     assert used_columns(cqs["q1"].query) == {"sid", "bp"}
     assert used_columns(cqs["q2"].query) == {"sid", "pr"}
+    star = compile_query("SELECT * FROM Vitals [ROWS 2]", battlefield, "S")
+    assert used_columns(star.query) == {"sid", "bp", "pr", "weight"}  # the compiler spells * out
     for qs, want in ((["q1"], {"ts", "level", "sid", "bp"}), (["q1", "q2"], {"ts", "level", "sid", "bp", "pr"})):
         ch = Chunker(battlefield, {q: cqs[q] for q in qs})
         ch.push("Vitals", _vitals([1, 1, 2, 3]))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.lattice import BOTTOM_ALIASES, TOP_ALIASES, ChineseWall, LevelError, TotalOrder
+from strata.lattice import BOTTOM_ALIASES, TOP_ALIASES, Categories, ChineseWall, LevelError, TotalOrder
 
 
 # ---- strategies ------------------------------------------------------------------
@@ -29,7 +29,14 @@ def chinese_walls(draw):
     return ChineseWall(classes)
 
 
-lattices = st.one_of(total_orders(), chinese_walls())
+@st.composite
+def category_lattices(draw):
+    n = draw(st.integers(1, 4))
+    m = draw(st.integers(0, 4))
+    return Categories([f"K{i}" for i in range(n)], [f"cat{j}" for j in range(m)])
+
+
+lattices = st.one_of(total_orders(), chinese_walls(), category_lattices())
 
 
 @st.composite
@@ -186,3 +193,58 @@ def test_no_level_dominates_nothing():
     for lat in (TotalOrder(["U", "S"]), ChineseWall([["A", "B"]])):
         for lv in lat.levels:
             assert not lat.leq(lv, None) and not lat.leq(None, lv)
+
+
+# ---- classifications with categories (issue 16) ----------------------------------------------
+MILITARY = Categories(["U", "C", "S", "TS"], ["NATO", "CRYPTO"])
+
+
+def test_categories_dominance_is_classification_and_inclusion():
+    L = MILITARY
+    s_nato, ts_crypto = L.parse("(S, {NATO})"), L.parse("(TS,{CRYPTO})")
+    assert (s_nato, ts_crypto) == ("(S,{NATO})", "(TS,{CRYPTO})")
+    assert not L.leq(s_nato, ts_crypto) and not L.leq(ts_crypto, s_nato)  # incomparable
+    assert L.lub(s_nato, ts_crypto) == "(TS,{NATO,CRYPTO})" == L.top
+    assert L.leq(L.parse("C"), s_nato) and L.parse("C") == "(C,{})" and L.bottom == "(U,{})"
+    assert L.leq(L.parse("(U,{NATO})"), s_nato) and not L.leq(L.parse("(U,{CRYPTO})"), s_nato)
+    assert L.parse("( TS , { CRYPTO , NATO } )") == "(TS,{NATO,CRYPTO})"  # declared order
+    assert len(L.levels) == 4 * 4 and L.dominated(s_nato) == {"(U,{})", "(U,{NATO})", "(C,{})", "(C,{NATO})",
+                                                               "(S,{})", "(S,{NATO})"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(category_lattices(), st.data())
+def test_categories_print_parse_round_trip(lat, data):
+    lv = data.draw(st.sampled_from(lat.levels))
+    cls, cats = lat.split(lv)
+    spaced = f"( {cls} , {{ {' , '.join(reversed(sorted(cats)))} }} )"
+    assert lat.parse(lv) == lv == lat.parse(spaced)
+    assert lat.decode(lat.encode(lv)) == lv
+    if not cats:
+        assert lat.parse(cls) == lv
+
+
+@pytest.mark.parametrize("bad,why", [("(S,{ARMY})", "unknown category 'ARMY'"), ("(X,{})", "unknown classification"),
+                                     ("(S,NATO)", "not written like"), ("ARMY", "unknown classification")])
+def test_categories_refuse_unknown_parts(bad, why):
+    with pytest.raises(LevelError, match=why):
+        MILITARY.parse(bad)
+
+
+@pytest.mark.parametrize("cls,cats", [([], ["A"]), (["U"], ["A", "A"]), (["U"], ["U"]), (["U"], ["a b"]),
+                                      (["U"], [f"c{i}" for i in range(11)])])
+def test_categories_reject_bad_definitions(cls, cats):
+    with pytest.raises(ValueError):
+        Categories(cls, cats)
+
+
+def test_config_with_classifications_and_categories():
+    from strata.config import ConfigError, parse_config
+
+    cfg = parse_config('[lattice]\nclassifications = ["U", "S"]\ncategories = ["NATO"]\n[streams.V]\nbp = "double"\n')
+    assert isinstance(cfg.lattice, Categories) and cfg.lattice.top == "(S,{NATO})"
+    for text, why in (('categories = ["NATO"]', "categories need 'classifications'"),
+                      ('classifications = ["U"]\nlevels = ["U"]', "exactly one of"),
+                      ('classifications = ["U"]\ncategories = "NATO"', "list of category names")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config(f"[lattice]\n{text}\n[streams.V]\nbp = \"double\"\n")

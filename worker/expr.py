@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from strata.lattice import ChineseWall, Lattice, TotalOrder
+from strata.lattice import Categories, ChineseWall, Lattice, TotalOrder
 from strata.mlscql import ast as A
 
 __all__ = [
@@ -254,6 +254,14 @@ def level_of_mask(lattice: Lattice, mask: str) -> str:
                 f"ELSE (CASE {companies} {whens} ELSE '⊥' END) END)"
             )
         return "concat('[', " + ", ',', ".join(parts) + ", ']')"
+    if isinstance(lattice, Categories):
+        n = len(lattice.classes.levels)
+        cls = level_of_mask(lattice.classes, f"({mask} & {(1 << n) - 1})")
+        if not lattice.categories:
+            return f"concat('(', {cls}, ',{{}})')"
+        cats = ", ".join(f"CASE WHEN (shiftright({mask}, {n + j}) & 1) = 1 THEN {sql_string(c)} END"
+                         for j, c in enumerate(lattice.categories))
+        return f"concat('(', {cls}, ',{{', concat_ws(',', {cats}), '}})')"
     # any other lattice: a lookup over every mask an OR of level masks can give
     table = _reachable_masks(lattice)
     whens = " ".join(f"WHEN {m} THEN {sql_string(lv)}" for m, lv in sorted(table.items()))

@@ -71,7 +71,7 @@ def expr_text(e: A.Expr) -> str:
         body = "{" + items + "}" if e.braces else "(" + items + ")"
         return f"{_wrap(e.operand, 5)} {'NOT IN' if e.negated else 'IN'} {body}"
     if isinstance(e, A.DominatedBy):
-        return f"{_wrap(e.operand, 5)} DOMINATED BY {e.level.text}"
+        return f"{_wrap(e.operand, 5)} DOMINATED BY {level_text(e.level.text)}"
     if isinstance(e, A.IsNull):
         return f"{_wrap(e.operand, 5)} IS {'NOT ' if e.negated else ''}NULL"
     raise TypeError(f"not an expression: {e!r}")
@@ -79,6 +79,14 @@ def expr_text(e: A.Expr) -> str:
 
 def _amount(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def level_text(level: str) -> str:
+    """A level as a query spells it: a name or a vector (``[1,B]``) as it is, anything else (a
+    classification with categories, ``(S,{NATO})``) as a quoted string."""
+    if level.isidentifier() or (level.startswith("[") and level.endswith("]") and "'" not in level):
+        return level
+    return "'" + level.replace("'", "''") + "'"
 
 
 def window_text(w: A.Window) -> str:
@@ -95,11 +103,11 @@ def window_text(w: A.Window) -> str:
     if w.clause is not None:
         c = w.clause
         if c.form == "in":
-            spec += " level in {" + ", ".join(c.levels) + "}"
+            spec += " level in {" + ", ".join(level_text(x) for x in c.levels) + "}"
         elif c.form == "eq":
-            spec += f" level = {c.levels[0]}"
+            spec += f" level = {level_text(c.levels[0])}"
         else:
-            spec += f" level DOMINATED BY {c.levels[0]}"
+            spec += f" level DOMINATED BY {level_text(c.levels[0])}"
     return f"[{spec}]"
 
 
