@@ -78,6 +78,9 @@ class _Item:
     level_set: pa.Array
     schema: pa.Schema
     levels: frozenset = frozenset()  # level_set as a set (canonical names)
+    #: levels whose arrivals are instants besides ``levels`` (the window's set before Alg. 4 narrowed it)
+    instant_levels: frozenset = frozenset()
+    extra_ts: list = field(default_factory=list)  # list[np.ndarray]: ts of such arrivals not yet cut
     hist: pa.Table = None  # type: ignore[assignment]
     pending: list = field(default_factory=list)  # list[pa.Table]
     _pend: pa.Table | None = None  # cached concatenation of ``pending``
@@ -121,6 +124,16 @@ class _Item:
 
     def pending_ts(self) -> np.ndarray:
         return self.pend()[1]
+
+    def take_extra(self, upto_ts: int) -> np.ndarray:
+        """Remove and return the instants (ts ≤ ``upto_ts``) of arrivals outside the window's levels
+        that are instants of the query all the same (``instant_levels``)."""
+        if not self.extra_ts:
+            return np.empty(0, dtype=np.int64)
+        ts = np.concatenate(self.extra_ts)
+        k = int(np.searchsorted(ts, upto_ts, side="right"))
+        self.extra_ts = [ts[k:]] if k < len(ts) else []
+        return ts[:k]
 
     @property
     def retained_rows(self) -> int:
@@ -274,6 +287,7 @@ class Chunker:
                     level_set=pa.array(sorted(w.levels), pa.string()),
                     schema=schema,
                     levels=frozenset(w.levels),
+                    instant_levels=frozenset(w.instants or ()) - frozenset(w.levels),
                 )
             )
         self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items)
@@ -321,6 +335,10 @@ class Chunker:
             for it in q.items:
                 if it.stream != name:
                     continue
+                extra = present & it.instant_levels
+                if extra:  # arrivals that are instants although the (optimized) window holds none of them
+                    mask = pc.is_in(level, value_set=pa.array(sorted(extra), pa.string()))
+                    it.extra_ts.append(_ts(t.filter(mask)))
                 # the item's visible part; no per-tuple work when every level of the batch
                 # is in the window's level set (or none is)
                 seen = present & it.levels
@@ -453,10 +471,10 @@ class Chunker:
         idx = []
         for q in self._queries.values():
             for it in q.items:
-                ts = it.pending_ts()
-                k = int(np.searchsorted(ts, end_ts, side="right"))
-                if k:
-                    idx.append(np.unique(ts[:k] // self.K))
+                for ts in [it.pending_ts(), *it.extra_ts]:
+                    k = int(np.searchsorted(ts, end_ts, side="right"))
+                    if k:
+                        idx.append(np.unique(ts[:k] // self.K))
         cids = np.unique(np.concatenate(idx)) if idx else np.empty(0, dtype=np.int64)
         out = []
         for cid in cids.tolist():
@@ -481,9 +499,10 @@ class Chunker:
         qcs = []
         for q in self._queries.values():
             new = [it.take_pending(last) for it in q.items]
-            if not any(t.num_rows for t in new):
+            extra = [it.take_extra(last) for it in q.items]
+            if not any(t.num_rows for t in new) and not any(len(x) for x in extra):
                 continue
-            instants = np.unique(np.concatenate([_ts(t) for t in new])).tolist()
+            instants = np.unique(np.concatenate([_ts(t) for t in new] + extra)).tolist()
             tau_a, prev = instants[0], q.last_instant
             tables = []
             for it, nt in zip(q.items, new):

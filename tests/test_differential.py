@@ -126,8 +126,8 @@ def test_invisible_tuples_change_nothing(ledger, engines, data):
     text = data.draw(queries(ledger, level, extremes=True), label="query")
     cq = compile_query(text, ledger, level)
     visible = {}
-    for item, f in zip(cq.items, cq.query.from_):
-        visible.setdefault(item.stream, set()).update(f.window.levels)
+    for item, f in zip(cq.items, cq.query.from_):  # what the query sees: its windows and their instants
+        visible.setdefault(item.stream, set()).update(f.window.instants or f.window.levels)
     streams = data.draw(multistream(ledger, extremes=EXTREMES), label="streams")
     noise = data.draw(multistream(ledger, extremes=1.0), label="noise")
     mutated = {}

@@ -346,23 +346,36 @@ def test_generated_queries_chinese_wall(chinese_wall, data):
     _run_generated(chinese_wall, data)
 
 
-def test_moved_where_level_condition_decides_instants(battlefield):
-    """SEMANTICS §4-5: visibility follows the *rewritten* window level set, and the
-    optimizer moves WHERE level conditions into RANGE/UNBOUNDED/NOW/PARTITION-BY-level
-    windows; an instant where only such filtered tuples arrived produces nothing."""
+def test_optimization_never_changes_the_instants(battlefield):
+    """SEMANTICS §5 (issue 16): the instants are the arrivals of the visible substreams as Alg. 3
+    rewrote them, before Alg. 4 moves a WHERE level condition into a RANGE/UNBOUNDED/NOW/PARTITION
+    BY level window: an instant where only tuples the condition filters out arrived still counts."""
     streams = {"Vitals": [
         {"ts": 1, "level": "U", "sid": "a", "bp": 5.0, "pr": 1.0, "weight": 1.0},
         {"ts": 2, "level": "TS", "sid": "a", "bp": 7.0, "pr": 1.0, "weight": 1.0},
         {"ts": 3, "level": "U", "sid": "a", "bp": 5.0, "pr": 1.0, "weight": 1.0},
     ]}
     got = evaluate("SELECT COUNT(*) FROM Vitals[RANGE 5 seconds] WHERE level = U", battlefield, "TS", streams)
-    assert sorted(got) == [(1, "U", 1), (3, "U", 2)]
-    # ISTREAM: instant 2 does not exist for this query, so R(3) = R(1) and nothing is new at 3
+    assert sorted(got) == [(1, "U", 1), (2, "U", 1), (3, "U", 2)]
+    # ISTREAM: R(2) is empty (the NOW window's TS tuple fails WHERE), so the U tuple at 3 is new again
     got = evaluate("SELECT bp FROM Vitals[NOW] WHERE level = U", battlefield, "TS", streams)
-    assert sorted(got) == [(1, "U", 5.0)]
-    # a ROWS window keeps the condition after the window: the TS arrival is an instant
+    assert sorted(got) == [(1, "U", 5.0), (3, "U", 5.0)]
     got = evaluate("SELECT COUNT(*) FROM Vitals[ROWS 5] WHERE level = U", battlefield, "TS", streams)
     assert sorted(got) == [(1, "U", 1), (2, "U", 1), (3, "U", 2)]
+
+
+ISSUE_16_ROWS = [(1, "C", "s3", 139.0, 71.0), (1, "S", "s1", 51.0, 96.0), (2, "C", "s1", 109.0, 103.0),
+                 (3, "U", "s2", 100.0, 94.0), (3, "C", "s3", 144.0, 145.0), (4, "S", "s5", 55.0, 106.0),
+                 (4, "C", "s4", 184.0, 170.0), (5, "S", "s5", 60.0, 100.0)]
+ISSUE_16_QUERY = "SELECT sid, SUM(bp) FROM Vitals [RANGE 3 SECONDS] WHERE level in {U} GROUP BY sid"
+
+
+def test_issue_16_example_in_the_reference(battlefield):
+    streams = {"Vitals": [{"ts": t, "level": lv, "sid": s, "bp": b, "pr": p, "weight": 1.0}
+                          for t, lv, s, b, p in ISSUE_16_ROWS]}
+    assert sorted(evaluate(ISSUE_16_QUERY, battlefield, "S", streams)) == [(3, "U", "s2", 100.0),
+                                                                           (4, "U", "s2", 100.0),
+                                                                           (5, "U", "s2", 100.0)]
 
 
 # ---- integer overflow (SEMANTICS §8 "Integer overflow fails the query") ---------------------------

@@ -167,17 +167,27 @@ def test_qx_qy_figure_6_2(ucst):
     assert len(op7) == 1 and describe(op7[0]) == "select($0.level IN (S))" and op7[0].inputs == (by,)
 
 
-def test_qa_qb_complete_sharing(ucst):
+def test_qa_qb_are_not_shared_since_their_instants_differ(ucst):
+    """The dissertation optimizes Qa and Qb into the same Qab (RANGE 3 minutes level in {U, C}) and
+    shares them completely.  Under the contract's instants rule (SEMANTICS §5, issue 16) the move
+    keeps each query's instants: Qa's are the arrivals of {U, C, TS}, Qb's of {U, C, S}, so AVG is
+    output at different instants and the two are not the same query."""
     qa, qb = s63(ucst, "Qa"), s63(ucst, "Qb")
-    assert qa.rewritten == qb.rewritten == "SELECT AVG(bp) FROM Vitals [RANGE 3 minutes level in {U, C}]"  # Qab
-    for mode in ("replicated", "trusted"):  # same level (TS): shared in both modes
-        assert decide(ucst, "Qb", "Qa", mode, "6.3").kind == "complete"
+    assert qa.query.from_[0].window.clause == qb.query.from_[0].window.clause  # Qab's window contents
+    assert qa.query.from_[0].window.instants == ("U", "C", "TS") and qb.query.from_[0].window.instants == ("U", "C", "S")
+    for mode in ("replicated", "trusted"):
+        d = decide(ucst, "Qb", "Qa", mode, "6.3")
+        assert d.kind == "none" and "instants of {U, C, S}" in d.reason
 
 
-def test_qc_qd_complete_sharing_across_levels(ucst):
-    assert s63(ucst, "Qc").rewritten == "SELECT AVG(bp) FROM Vitals [PARTITION BY level ROWS 100 level in {C}]"
+def test_qc_qd_across_levels(ucst):
+    """Qc' (PARTITION BY level ROWS 100 level in {C}) keeps the instants of all four levels (issue 16);
+    Qd's are the C arrivals: not the same query any more, in either mode."""
+    qc = s63(ucst, "Qc")
+    assert qc.query.from_[0].window.levels == {"C"} and qc.query.where is None
+    assert qc.query.from_[0].window.instants == ("U", "C", "S", "TS")
     assert s63(ucst, "Qd").rewritten == "SELECT AVG(bp) FROM Vitals [ROWS 100 level in {C}]"
-    assert decide(ucst, "Qd", "Qc", "trusted", "6.3").kind == "complete"
+    assert decide(ucst, "Qd", "Qc", "trusted", "6.3").kind == "none"
     d = decide(ucst, "Qd", "Qc", "replicated", "6.3")  # TS and C: different query processors
     assert d.kind == "none" and "within a level" in d.reason
 
@@ -188,12 +198,13 @@ def test_qe_qf_not_shared(ucst):
         assert d.kind == "none" and "tuple-based window over other levels" in d.reason
 
 
-def test_qg_qh_strict_partial_sharing_of_the_join(ucst):
-    assert "[RANGE 2 minutes level in {U}] V" in s63(ucst, "Qg").rewritten  # Qg'
-    assert "[RANGE 2 minutes level in {U}] P" in s63(ucst, "Qh").rewritten  # Qh'
-    d = decide(ucst, "Qh", "Qg", "trusted", "6.3")
-    assert d.kind == "strict_partial"
-    assert ops(d.shared) == ["join", "time_win", "time_win"]
+def test_qg_qh_share_no_window_since_their_instants_differ(ucst):
+    """Qg' and Qh' window the U tuples of both streams, but Qg's instants are the {U, S} arrivals and
+    Qh's the {U, C} ones (issue 16): the dissertation's strict partial sharing of the join is not
+    result-preserving under the contract, so Strata shares nothing."""
+    qg, qh = s63(ucst, "Qg"), s63(ucst, "Qh")
+    assert [f.window.levels for f in qg.query.from_] == [{"U"}, {"U"}] == [f.window.levels for f in qh.query.from_]
+    assert decide(ucst, "Qh", "Qg", "trusted", "6.3").kind == "none"
 
 
 def test_qi_qj_loose_partial_as_printed_rewritten(ucst):
@@ -224,12 +235,20 @@ def _win(op, levels, **p):
 
 def test_window_subsumption_rules():
     assert subsumed_by(_win("tuple_win", "C", rows=5), _win("tuple_win", "CU", rows=5)) is None  # Qe/Qf
-    assert subsumed_by(_win("time_win", "C", kind="range", range=3), _win("time_win", "CU", kind="range", range=3))
-    assert subsumed_by(_win("time_win", "C", kind="range", range=3), _win("time_win", "CU", kind="range", range=4)) is None
+    # a narrowed window is the wider one followed by a level selection when it keeps the wider one's
+    # instants (what Alg. 4 leaves: SEMANTICS §5, issue 16), not when its own arrivals are its instants
+    cu = frozenset("CU")
+    assert subsumed_by(_win("time_win", "C", kind="range", range=3, instants=cu),
+                       _win("time_win", "CU", kind="range", range=3))["kind"] == "sel_win"
+    assert subsumed_by(_win("time_win", "C", kind="range", range=3), _win("time_win", "CU", kind="range", range=3)) is None
+    assert subsumed_by(_win("time_win", "C", kind="range", range=3, instants=cu),
+                       _win("time_win", "CU", kind="range", range=4)) is None
     part = _win("part_win", "CUS", rows=5, by=frozenset({"level"}))
-    assert subsumed_by(_win("tuple_win", "C", rows=5), part)["kind"] == "part_win"  # Def. 11 case 4
-    assert subsumed_by(_win("tuple_win", "CU", rows=5), part) is None  # case 4 needs a single level
-    assert subsumed_by(_win("part_win", "CU", rows=5, by=frozenset({"level"})), part)["kind"] == "sel_win"
+    cus = frozenset("CUS")
+    assert subsumed_by(_win("tuple_win", "C", rows=5, instants=cus), part)["kind"] == "part_win"  # Def. 11 case 4
+    assert subsumed_by(_win("tuple_win", "C", rows=5), part) is None  # the C arrivals alone: other instants
+    assert subsumed_by(_win("tuple_win", "CU", rows=5, instants=cus), part) is None  # case 4 needs a single level
+    assert subsumed_by(_win("part_win", "CU", rows=5, by=frozenset({"level"}), instants=cus), part)["kind"] == "sel_win"
     sid = _win("part_win", "CUS", rows=5, by=frozenset({"sid"}))
     assert subsumed_by(_win("part_win", "CU", rows=5, by=frozenset({"sid"})), sid) is None
 
@@ -278,12 +297,14 @@ def cfg_file(tmp_path):
 
 
 def test_explain_several_queries_text(cfg_file, capsys):
-    rc = main(["explain", "--config", str(cfg_file), "--level", "TS",
-               "--query", SECTION_6_3["Qa"][1], "--query", SECTION_6_3["Qb"][1], "--query", SECTION_6_3["Qe"][1]])
+    same_as_qa = "SELECT AVG(bp) FROM Vitals[Range 180 seconds level in {U,C,TS}] WHERE level in {U,S,C}"
+    rc = main(["explain", "--config", str(cfg_file), "--level", "TS", "--query", SECTION_6_3["Qa"][1],
+               "--query", same_as_qa, "--query", SECTION_6_3["Qe"][1], "--query", SECTION_6_3["Qb"][1]])
     out = capsys.readouterr().out
     assert rc == 0
     assert "Q2 with Q1: complete sharing" in out
     assert "Q3 with Q1: not shared" in out
+    assert "Q4 with Q1: not shared" in out and "instants of {U, C, S}" in out  # Qb: other instants (issue 16)
     assert "Q1, Q2 (TS): complete" in out
 
 
@@ -293,8 +314,8 @@ def test_explain_trusted_json_across_levels(cfg_file, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert [q["level"] for q in out["queries"]] == ["TS", "C"]
-    assert out["decisions"] == [{"query": "Q2", "with": "Q1", "kind": "complete", "shared": out["decisions"][0]["shared"],
-                                 "subsumed": [], "reason": out["decisions"][0]["reason"]}]
+    (d,) = out["decisions"]  # Qc' keeps the instants of all levels, Qd's are the C arrivals (issue 16)
+    assert (d["query"], d["with"], d["kind"]) == ("Q2", "Q1", "none") and "instants of {U, C, S, TS}" in d["reason"]
     # the cluster runs each level on its own master: nothing is executed shared across levels
     assert sorted(e["form"] for e in out["execution"]) == ["alone", "alone"]
 

@@ -78,11 +78,17 @@ class CompiledQuery:
     r2s: str  # effective: ISTREAM | RSTREAM | DSTREAM
     is_aggregate: bool
     notes: tuple[str, ...] = field(default=(), compare=False)
+    #: the rewritten query before Alg. 4 when Alg. 4 narrowed a window whose instants it had to keep
+    #: (``Window.instants``, which query text cannot spell): what :attr:`rewritten` prints then
+    before_optimization: A.Query | None = field(default=None, compare=False)
 
     @property
     def rewritten(self) -> str:
-        """The rewritten text shown to the user (qualifiers dropped for one FROM item)."""
-        q = self.query if len(self.items) > 1 else _strip_qualifiers(self.query)
+        """The rewritten text shown to the user (qualifiers dropped for one FROM item): the optimized
+        query, or the rewritten one before optimization when an optimization kept instants that its
+        text could not show (compiling the shown text gives this same query again)."""
+        q = self.before_optimization or self.query
+        q = q if len(self.items) > 1 else _strip_qualifiers(q)
         return to_text(q)
 
     def window_levels(self, i: int) -> frozenset[str]:
@@ -194,8 +200,10 @@ class _Analyzer:
         query = A.Query(select, from_, where, group_by, having, q.r2s, q.wrapped)
         authorize(query, self.lat, self.level)
         query = self._rewrite(query)
+        rewritten = query
         query = self._optimize(query)
-        return CompiledQuery(text, self.level, query, items, outputs, r2s, is_agg, tuple(self.notes))
+        shown = rewritten if any(f.window is not None and f.window.instants is not None for f in query.from_) else None
+        return CompiledQuery(text, self.level, query, items, outputs, r2s, is_agg, tuple(self.notes), shown)
 
     # -- FROM ---------------------------------------------------------------------
     def _resolve_from(self, from_: tuple[A.FromItem, ...]) -> tuple[ItemInfo, ...]:
@@ -476,7 +484,10 @@ class _Analyzer:
             )
             if movable:
                 new = frozenset(wset & sigma)
-                from_[i] = replace(f, window=replace(w, clause=A.LevelClause("in", tuple(self.lat.sort(new)))))
+                # the instants stay those of the rewritten set (SEMANTICS §5): kept beside the clause
+                keep = w.instants if w.instants is not None else (None if new == wset else tuple(self.lat.sort(wset)))
+                from_[i] = replace(f, window=replace(w, clause=A.LevelClause("in", tuple(self.lat.sort(new))),
+                                                     instants=keep))
                 drop.update(k for k, _ in mine)
                 self.notes.append(f"moved the WHERE level condition on {f.name} into its window")
             elif w.kind in ("rows", "partition") and wset <= sigma:

@@ -103,6 +103,10 @@ class Window:
     range_unit: str | None = None  # canonical unit name: seconds, minutes, hours, days, milliseconds
     partition_by: tuple[str, ...] = ()
     clause: LevelClause | None = None
+    #: levels whose arrivals are the query's instants when they are not ``clause``'s: the window's
+    #: level set as Alg. 3 rewrote it, kept when Alg. 4 narrows ``clause`` with a WHERE level
+    #: condition (SEMANTICS §5: optimization never changes the instants); None: ``clause``'s
+    instants: tuple[str, ...] | None = None
 
     def range_instants(self, instant_seconds: float) -> int:
         """``T`` of ``RANGE amount unit`` in instants: ``ceil(amount * unit / instant_seconds)``.

@@ -87,15 +87,16 @@ def describe(n: Node, lattice=None) -> str:
         return "{" + ", ".join(order) + "}"
 
     p = dict(n.parm)
+    inst = f", instants of {lv(p['instants'])}" if "instants" in p else ""
     if n.op == "tuple_win":
-        return f"tuple_win({n.stream}, ROWS {p['rows']}, level in {lv(p['levels'])})"
+        return f"tuple_win({n.stream}, ROWS {p['rows']}, level in {lv(p['levels'])}{inst})"
     if n.op == "part_win":
         return (f"part_win({n.stream}, PARTITION BY {', '.join(sorted(p['by']))} ROWS {p['rows']}, "
-                f"level in {lv(p['levels'])})")
+                f"level in {lv(p['levels'])}{inst})")
     if n.op == "time_win":
         spec = {"range": lambda: f"RANGE {p['range']} instants", "unbounded": lambda: "RANGE UNBOUNDED",
                 "now": lambda: "NOW"}[p["kind"]]()
-        return f"time_win({n.stream}, {spec}, level in {lv(p['levels'])})"
+        return f"time_win({n.stream}, {spec}, level in {lv(p['levels'])}{inst})"
     if n.op in ("select", "join"):
         conds = sorted(expr_text(c) for c in p["cond"])
         return f"{n.op}({' AND '.join(conds) if conds else 'TRUE'})"
@@ -211,6 +212,11 @@ class OperatorTree:
 def window_node(f: A.FromItem, stream: str, instant_seconds: float, scope: str | None) -> Node:
     w = f.window
     levels = frozenset(w.levels)
+    if w.instants is not None:  # Alg. 4 narrowed it but kept the instants (SEMANTICS §5): another window
+        node = window_node(A.FromItem(f.stream, A.Window(w.kind, w.rows, w.range_amount, w.range_unit,
+                                                         w.partition_by, w.clause), f.alias),
+                           stream, instant_seconds, scope)
+        return Node(node.op, node.parm + (("instants", frozenset(w.instants)),), node.inputs, node.stream, node.scope)
     if w.kind == "rows":
         return Node("tuple_win", (("levels", levels), ("rows", int(w.rows))), (), stream, scope)
     if w.kind == "partition":

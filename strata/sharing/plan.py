@@ -85,8 +85,12 @@ def subsumed_by(ni: Node, nj: Node) -> dict | None:
         li, lj = ni.levels, nj.levels
         if not li < lj:
             return None
-        pi = {k: v for k, v in ni.parm if k != "levels"}
-        pj = {k: v for k, v in nj.parm if k != "levels"}
+        # ni is nj followed by a level selection only if both are evaluated at the same instants
+        # (a window narrowed by Alg. 4 keeps its wider set's instants: SEMANTICS §5, issue 16)
+        if (ni.param("instants") or li) != (nj.param("instants") or lj):
+            return None
+        pi = {k: v for k, v in ni.parm if k not in ("levels", "instants")}
+        pj = {k: v for k, v in nj.parm if k not in ("levels", "instants")}
         if ni.op == nj.op == "time_win" and pi == pj:
             return {"kind": "sel_win", "residual": li}
         if ni.op == nj.op == "part_win" and pi == pj and "level" in pi["by"]:

@@ -356,66 +356,11 @@ class _Evaluator:
 
     # -- instants -----------------------------------------------------------------
     def _instant_tuples(self, i: int) -> list[dict]:
-        """Tuples whose ts are instants of the query (SEMANTICS §4-5).
+        """Tuples whose ts are instants of the query (SEMANTICS §4-5): the item's visible substream as
+        Alg. 3 defines it (the window level clause's set ∩ dominated(L)), whatever a WHERE level
+        condition says: optimization never changes the instants (issue 16)."""
+        return self.items[i].visible
 
-        The visible substream is defined by the *rewritten* window level set.
-        Rewriting moves a top-level WHERE level condition on an item into its
-        window when the window is RANGE, UNBOUNDED, NOW or PARTITION BY level
-        (window contents are unchanged by that), so such conditions also decide
-        which tuples make instants.  Implemented here from the rule's text.
-        """
-        it = self.items[i]
-        kind = "unbounded" if it.window is None else it.window.kind
-        movable = kind in ("range", "unbounded", "now") or (
-            kind == "partition" and any(a.lower() == "level" for a in it.window.partition_by)
-        )
-        if not movable:
-            return it.visible
-        allowed = None
-        for c in _top_conjuncts(self.q.where):
-            s = self._pure_level_set(c, it.name)
-            if s is not None:
-                allowed = s if allowed is None else allowed & s
-        if allowed is None:
-            return it.visible
-        return [t for t in it.visible if t["level"] in allowed]
-
-    def _pure_level_set(self, c: A.Expr, item: str) -> frozenset[str] | None:
-        def mine(x) -> bool:
-            if not (isinstance(x, A.Column) and x.name.lower() == "level"):
-                return False
-            if x.qualifier is None:
-                return len(self.items) == 1
-            return x.qualifier.lower() == item.lower()
-
-        def lit(x):
-            if isinstance(x, A.LevelLiteral):
-                return self.lat.parse(x.text)
-            if isinstance(x, A.Column) and x.qualifier is None and self.lat.contains(x.name):
-                return self.lat.parse(x.name)
-            if isinstance(x, A.Literal) and x.type == "string" and self.lat.contains(x.value):
-                return self.lat.parse(x.value)
-            if isinstance(x, A.Literal) and x.type == "long" and self.lat.contains(str(x.value)):
-                return self.lat.parse(str(x.value))
-            return None
-
-        everything = frozenset(self.lat.levels)
-        if isinstance(c, A.Binary) and c.op in ("=", "!="):
-            for a, b in ((c.left, c.right), (c.right, c.left)):
-                if mine(a) and lit(b) is not None:
-                    one = frozenset({lit(b)})
-                    return one if c.op == "=" else everything - one
-            return None
-        if isinstance(c, A.InList) and mine(c.operand):
-            vals = [lit(x) for x in c.items]
-            if any(v is None for v in vals):
-                return None
-            return everything - frozenset(vals) if c.negated else frozenset(vals)
-        if isinstance(c, A.DominatedBy) and mine(c.operand):
-            return self.lat.dominated(self.lat.parse(c.level.text))
-        return None
-
-    # -- level sets -------------------------------------------------------------
     def _window_levels(self, w: A.Window | None) -> frozenset[str]:
         if w is None or w.clause is None:
             return frozenset(self.lat.levels)
