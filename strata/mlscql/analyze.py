@@ -111,6 +111,8 @@ class CompiledQuery:
                 d["range"] = {"amount": w.range_amount, "unit": w.range_unit}
             if w.partition_by:
                 d["partition_by"] = list(w.partition_by)
+            if w.instants is not None:  # Alg. 4 narrowed the window; the instants are these levels' arrivals
+                d["instants_of"] = list(w.instants)
             wins.append(d)
         return {
             "level": self.level,
@@ -489,7 +491,8 @@ class _Analyzer:
                 from_[i] = replace(f, window=replace(w, clause=A.LevelClause("in", tuple(self.lat.sort(new))),
                                                      instants=keep))
                 drop.update(k for k, _ in mine)
-                self.notes.append(f"moved the WHERE level condition on {f.name} into its window")
+                self.notes.append(f"moved the WHERE level condition on {f.name} into its window" + (
+                    f" (its instants stay the arrivals of {{{', '.join(keep)}}})" if keep is not None else ""))
             elif w.kind in ("rows", "partition") and wset <= sigma:
                 drop.update(k for k, _ in mine)
                 self.notes.append(f"dropped the WHERE level condition on {f.name}: its window admits only those levels")
