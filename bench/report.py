@@ -69,8 +69,7 @@ def _plots(res: dict, out: Path) -> list[str]:
         _save(fig, out, "throughput_workers.png", files)
     ov = res.get("overhead")
     if ov:
-        kept = [r for r in ov["runs"] if not r.get("discarded")]
-        pairs = _pairs(kept, key=("workload", "size"))
+        pairs = _overhead_pairs(ov)
         sizes = sorted({k[1] for k in pairs})
         exps = list(ov["experiments"])
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -150,6 +149,11 @@ def _size_label(n: int) -> str:
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
 
 
+def _overhead_pairs(ov: dict) -> dict:
+    """The Table 9.7 runs kept (the discarded first ones left out), MLS and vanilla per (experiment, size)."""
+    return _pairs([r for r in ov["runs"] if not r.get("discarded")], key=("workload", "size"))
+
+
 def _overhead_section(ov: dict, mpath: dict | None, files: list[str]) -> list[str]:
     """Table 9.7's layout: mean execution time, overhead and standard deviation per data size."""
     L = ["## MLS overhead as the dissertation measured it (§9.3.2, Table 9.7)" + _when(ov), ""] + _caveat(ov) + ["",
@@ -163,9 +167,8 @@ def _overhead_section(ov: dict, mpath: dict | None, files: list[str]) -> list[st
     L += ["| exp | queries | tuples | vanilla ms | MLS ms | overhead | dissertation | vanilla sd ms | MLS sd ms | "
           "vanilla CPU s | MLS CPU s | CPU overhead | MLS p99 s | vanilla p99 s | load |",
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    kept = [r for r in ov["runs"] if not r.get("discarded")]
     worst = None
-    for (e, size), v in sorted(_pairs(kept, key=("workload", "size")).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (e, size), v in sorted(_overhead_pairs(ov).items(), key=lambda kv: (kv[0][1], kv[0][0])):
         m, va = _mean([r["seconds"] for r in v["mls"]]), _mean([r["seconds"] for r in v["van"]])
         cm, cv = _mean([r.get("cpu_seconds") for r in v["mls"]]), _mean([r.get("cpu_seconds") for r in v["van"]])
         o, co = _overhead(v["mls"], v["van"]), _overhead(v["mls"], v["van"], "cpu_seconds")
@@ -196,7 +199,7 @@ def _overhead_section(ov: dict, mpath: dict | None, files: list[str]) -> list[st
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         # the cluster's CPU per input tuple: vanilla runs of the overhead table at the same size
         cpu_ns = {}
-        for (e, size), v in _pairs(kept, key=("workload", "size")).items():
+        for (e, size), v in _overhead_pairs(ov).items():
             c = _mean([r.get("cpu_seconds") for r in v["van"]])
             if c:
                 cpu_ns[(e, size)] = c / size * 1e9
@@ -263,9 +266,7 @@ def _headlines(res: dict) -> list[str]:
                  f"{'met' if worst <= 2 else 'not met'}){_when(lat)}.")
     ov = res.get("overhead")
     if ov:
-        kept = [r for r in ov["runs"] if not r.get("discarded")]
-        os_ = [o for v in _pairs(kept, key=("workload", "size")).values()
-               if (o := _overhead(v["mls"], v["van"])) is not None]
+        os_ = [o for v in _overhead_pairs(ov).values() if (o := _overhead(v["mls"], v["van"])) is not None]
         if os_:
             L.append(f"* MLS overhead, Table 9.7 protocol: **{min(os_):+.2f} % to {max(os_):+.2f} %** (target < 1 %: "
                      f"{'met' if max(os_) < 1 else 'not met'}){_when(ov)}.")

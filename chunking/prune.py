@@ -31,6 +31,11 @@ from .model import Chunk, QueryChunk
 __all__ = ["prune_chunk", "prune_query_chunk", "work_rows", "new_rows", "used_columns", "project_chunk"]
 
 
+def _unsorted(ts: np.ndarray) -> bool:
+    """Whether some ``ts`` is smaller than the one before it (not in arrival order by ts)."""
+    return len(ts) > 1 and bool(np.any(ts[1:] < ts[:-1]))
+
+
 def _last_per_instant(t: pa.Table, n: int) -> pa.Table:
     """Rows among the last ``n`` of their ``ts`` (``t`` sorted by ts, in arrival order)."""
     if t.num_rows <= n:
@@ -51,7 +56,7 @@ def _prune_item(table: pa.Table, window, first: int) -> pa.Table:
         return table
     n = int(window.rows or 0)
     ts = table.column("ts").to_numpy()
-    if len(ts) > 1 and bool(np.any(ts[1:] < ts[:-1])):
+    if _unsorted(ts):
         return table  # not in arrival order by ts: leave it to the engine
     k = int(np.searchsorted(ts, first, side="left"))  # legacy rows [0, k)
     new = table.slice(k)
@@ -98,7 +103,7 @@ def _pruned_count(table: pa.Table, window, first: int) -> int:
         return n_rows
     n = int(window.rows or 0)
     ts = table.column("ts").to_numpy()
-    if len(ts) > 1 and bool(np.any(ts[1:] < ts[:-1])):
+    if _unsorted(ts):
         return n_rows
     k = int(np.searchsorted(ts, first, side="left"))
     new = ts[k:]
@@ -136,8 +141,10 @@ def new_rows(chunk: Chunk) -> int:
         for t in qc.items:
             if t.num_rows:
                 ts = t.column("ts").to_numpy()
-                total += t.num_rows - int(np.searchsorted(ts, first, side="left")) if (
-                    len(ts) < 2 or not bool(np.any(ts[1:] < ts[:-1]))) else int((ts >= first).sum())
+                if _unsorted(ts):
+                    total += int((ts >= first).sum())
+                else:
+                    total += t.num_rows - int(np.searchsorted(ts, first, side="left"))
     return total
 
 

@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 from strata.arrowio import from_ipc, to_ipc
 from strata.chunking.chunker import ChunkingError, merge_chunks, split_result
 from strata.chunking.model import Chunk, ChunkResult
+from strata.chunking.prune import new_rows, work_rows
 from strata.config import Config
 
 from .dispatch import Dispatcher
@@ -150,10 +151,9 @@ def _fits(chunk: Chunk, results: list[ChunkResult]) -> bool:
     return True
 
 
-def _limits(config) -> tuple[int, int]:
-    lim = getattr(config, "limits", None)
-    return (int(getattr(lim, "max_ts", DEFAULT_MAX_TS)),
-            int(getattr(lim, "advance_horizon", DEFAULT_ADVANCE_HORIZON)))
+def _limit(config, name: str, default: int) -> int:
+    """``[limits] name`` of ``config`` (``default`` for a config without that section)."""
+    return int(getattr(getattr(config, "limits", None), name, default))
 
 
 class MasterCore:
@@ -187,17 +187,16 @@ class MasterCore:
         self._work: dict[int, int] = {}  # chunk id -> rows it gives Spark once pruned (ready chunks)
         self._chunk_rows: dict[int, int] = {}  # chunk id -> its rows, while cut and not released
         self._backlog_rows = 0  # their sum (:meth:`backlog_rows`)
-        self.max_backlog_rows = int(getattr(getattr(config, "limits", None), "max_backlog_rows", DEFAULT_MAX_BACKLOG_ROWS))
+        self.max_backlog_rows = _limit(config, "max_backlog_rows", DEFAULT_MAX_BACKLOG_ROWS)
         self.linger = linger
         self.chunk_period = float(chunk_instants) * float(getattr(config, "instant_seconds", 1.0) or 1.0)
         self._advanced: deque[float] = deque(maxlen=2)  # when the last two advances cut chunks
         self._cut_at: dict[int, float] = {}  # chunk id -> when it was cut (ready)
         self.job_seconds: float | None = None  # moving average of a unit's round trip
-        self.max_ts, self.advance_horizon = _limits(config)
-        self.result_retention_rows = int(getattr(getattr(config, "limits", None), "result_retention_rows",
-                                                 DEFAULT_RESULT_RETENTION_ROWS))
-        self.result_retention_results = int(getattr(getattr(config, "limits", None), "result_retention_results",
-                                                    DEFAULT_RESULT_RETENTION_RESULTS))
+        self.max_ts = _limit(config, "max_ts", DEFAULT_MAX_TS)
+        self.advance_horizon = _limit(config, "advance_horizon", DEFAULT_ADVANCE_HORIZON)
+        self.result_retention_rows = _limit(config, "result_retention_rows", DEFAULT_RESULT_RETENTION_ROWS)
+        self.result_retention_results = _limit(config, "result_retention_results", DEFAULT_RESULT_RETENTION_RESULTS)
         self.starvation_seconds = 1.0
         self._blocked_since: float | None = None
         self.queries: dict[str, QueryInfo] = {}
@@ -513,8 +512,6 @@ class MasterCore:
         chunks = self.pipeline.finish() if finish else self.pipeline.advance(upto_ts)
         if finish:
             self._finished = True
-        from strata.chunking.prune import new_rows
-
         for c in chunks:
             self._ready_add(c.chunk_id)
             n = new_rows(c)  # its legacy is an earlier chunk's (or history's) rows: counted there
@@ -752,8 +749,6 @@ class MasterCore:
         of RANGE windows, whose rows all count, is spread over every worker."""
         if not self.split_rows or shares <= 1:
             return shares
-        from strata.chunking.prune import work_rows
-
         work = 0
         for cid in self._ready:
             w = self._work.get(cid)
@@ -781,8 +776,6 @@ class MasterCore:
     def _take(self, head: Chunk, want: int) -> list[Chunk]:
         """Pop the head of the ready queue (``head``: its live view) and up to ``want - 1`` chunks
         cut right after it, stopping at a chunk that failed before or at the row cap."""
-        from strata.chunking.prune import new_rows
-
         self._ready.popleft()
         views = [head]
         want = min(want, self._cap.get(head.chunk_id, want))
@@ -804,10 +797,14 @@ class MasterCore:
                 self._release(nxt, [])
                 last = nxt
                 continue
-            try:  # a merged unit carries the first chunk's legacy only: the others add their new rows
-                added = new_rows(view)
-            except Exception:  # noqa: BLE001 - an estimate only: count every row
-                added = view.num_rows
+            # a merged unit carries the first chunk's legacy only: the others add their new rows (counted
+            # when the chunk was cut; a view without its stopped queries is counted again)
+            added = self._chunk_rows.get(nxt) if view is self.pipeline.chunks[nxt] else None
+            if added is None:
+                try:
+                    added = new_rows(view)
+                except Exception:  # noqa: BLE001 - an estimate only: count every row
+                    added = view.num_rows
             if rows + added > self.max_unit_rows:
                 break
             self._ready.popleft()

@@ -383,6 +383,22 @@ def _batches(inputs, rows: int = 65536):
             yield stream, table.slice(off, rows)
 
 
+def _levels_by_dominance(cfg, col, level: str) -> tuple[list, list]:
+    """The distinct level texts of the column ``col`` that ``level`` dominates, and those it does not;
+    a missing or unknown level is in neither (the master names it)."""
+    import pyarrow.compute as pc
+
+    below, above = [], []
+    for text in pc.unique(col).to_pylist():
+        if text is None:
+            continue
+        try:
+            (below if cfg.lattice.leq(cfg.lattice.parse(text), level) else above).append(text)
+        except ValueError:
+            pass
+    return below, above
+
+
 def drop_above(cfg, inputs, level: str) -> tuple[list, int]:
     """Labelled input without the rows whose level ``level`` (the session's) does not dominate, and
     how many were left out.
@@ -405,15 +421,7 @@ def drop_above(cfg, inputs, level: str) -> tuple[list, int]:
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             out.append((stream, table))
             continue
-        above = []
-        for text in pc.unique(col).to_pylist():
-            if text is None:
-                continue
-            try:
-                if not cfg.lattice.leq(cfg.lattice.parse(text), level):
-                    above.append(text)
-            except ValueError:  # unknown level: the master names it
-                pass
+        above = _levels_by_dominance(cfg, col, level)[1]
         if not above:
             out.append((stream, table))
             continue
@@ -451,14 +459,7 @@ def instant_batches(cfg, inputs, level: str | None, rows: int = 65536):
             kept_max[i] = ts[i]
             continue
         col = t.column("level")
-        seen = [x for x in pc.unique(col).to_pylist() if x is not None]
-        keep = []
-        for x in seen:
-            try:
-                if cfg.lattice.leq(cfg.lattice.parse(x), level):
-                    keep.append(x)
-            except ValueError:
-                pass
+        keep = _levels_by_dominance(cfg, col, level)[0]
         mask = pc.is_in(col, value_set=pa.array(keep, pa.string())).to_numpy(zero_copy_only=False)
         kept_max[i] = np.maximum.accumulate(np.where(mask, ts[i], -1))
     instants = np.unique(np.concatenate(list(ts.values())))

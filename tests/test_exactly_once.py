@@ -304,31 +304,20 @@ def _rows(n_instants: int) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kill_at", [1, 800, 1200], ids=["after-first-batch", "mid-stream", "before-last-batch"])
-def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
-    """``strata ingest --finish`` of a CSV as a subprocess; the master is killed with SIGKILL once it
-    accepted some tuples (after the first batch, half of the input, three quarters), restarted on
-    its address; the ingest reports one line, resumes, and the query output equals the reference
-    exactly once."""
+def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int, kill_at: float):
+    """``strata ingest --labelled --finish`` of ``data`` (a CSV) at ``rate`` tuples/s as a subprocess into
+    a level-TS cluster following ``queries``; once the master accepted ``kill_at`` tuples it is killed
+    with SIGKILL and restarted on its address.  The ingest must exit 0, without a traceback, with one
+    connection-loss line; every query's stream must complete.  Returns (result tables per query, in
+    the order of ``queries``; the ingest's stderr; tuples the restarted master accepted)."""
     from strata.client import Client
     from strata.deploy.local import restart_process, start_cluster, stop_cluster
-    from strata.config import load_config
 
     from .conftest import BATTLEFIELD_TOML
     from .polling import wait_for
-    from .reference.evaluator import compare_results, evaluate
-    from .tables import rows_of
     from .test_cluster_e2e import PASSWORD, write_config
 
-    queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid", "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"]
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
-    rows = _rows(400)  # 1600 tuples, sent at 400 tuples/s: 4 batches of 100 instants, one a second
-    data = tmp_path / "vitals.csv"
-    with open(data, "w", newline="") as f:
-        w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
-        w.writeheader()
-        w.writerows(rows)
     state = tmp_path / "state"
     started = start_cluster(str(cfg_path), ["TS"], 1, state)
     proc = None
@@ -339,14 +328,14 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
         c = Client(address, tls_dir=tls, level="TS")
         c.login("ann", PASSWORD, "TS")
         regs = c.register(queries)
-        got = {r.query_id: [] for r in regs}
+        got: dict[str, list[pa.Table]] = {r.query_id: [] for r in regs}
         done, failed = threading.Event(), []
 
         def collect():
             try:
                 for qid, table in c.follow([r.query_id for r in regs], reconnect_seconds=180):
                     if table is not None:
-                        got[qid].extend(rows_of(table))
+                        got[qid].append(table)
             except Exception as e:  # noqa: BLE001 - surfaced below
                 failed.append(e)
             done.set()
@@ -355,11 +344,10 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
         env = {**os.environ, "STRATA_PASSWORD": PASSWORD}
         proc = subprocess.Popen([sys.executable, "-m", "strata", "ingest", "--config", str(cfg_path), "--master",
                                  address, "--user", "ann", "--level", "TS", "--tls-dir", tls, "--labelled",
-                                 "--finish", "--rate", "400", "--input", f"Vitals={data}"],
+                                 "--finish", "--rate", str(rate), "--input", f"Vitals={data}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         op = Client(address, tls_dir=tls, level="TS")
         op.login("ann", PASSWORD, "TS")
-        threshold = kill_at  # accepted tuples: the first batch is in, half of them, three of the four batches
 
         def accepted():
             try:
@@ -367,7 +355,7 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
             except Exception:  # noqa: BLE001 - not yet
                 return 0
 
-        wait_for(lambda: accepted() >= threshold or proc.poll() is not None, 120, f"{threshold} accepted tuples")
+        wait_for(lambda: accepted() >= kill_at or proc.poll() is not None, 120, f"{kill_at} accepted tuples")
         assert proc.poll() is None, proc.communicate()
         os.kill(master["pid"], signal.SIGKILL)
         wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
@@ -376,22 +364,48 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
         print(err)  # shown with -rP: the resume line and the summary
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
-        lost = [ln for ln in err.splitlines() if "connection to master lost" in ln]
-        assert len(lost) == 1 and "resuming from batch " in lost[0], err
-        assert "sent 1600/1600 tuples in 4 batches: accepted 1600, dropped above level TS 0, rejected batches 0" in err
+        assert sum("connection to master lost" in ln for ln in err.splitlines()) == 1, err
         assert done.wait(240), "results did not complete after the restart"
         assert not failed, failed
-        cfg = load_config(cfg_path)
-        for r, q in zip(regs, queries):
-            compare_results(got[r.query_id], evaluate(q, cfg, "TS", {"Vitals": rows}))
-        st = op.status()
-        assert st.counters["accepted"] == len(rows)  # each tuple once in the restarted master
+        total = op.status().counters["accepted"]
         c.close()
         op.close()
+        return [got[r.query_id] for r in regs], err, total
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
         stop_cluster(state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [1, 800, 1200], ids=["after-first-batch", "mid-stream", "before-last-batch"])
+def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
+    """``strata ingest --finish`` of a CSV as a subprocess; the master is killed with SIGKILL once it
+    accepted some tuples (after the first batch, half of the input, three quarters), restarted on
+    its address; the ingest reports one line, resumes, and the query output equals the reference
+    exactly once."""
+    from strata.config import parse_config
+
+    from .conftest import BATTLEFIELD_TOML
+    from .reference.evaluator import compare_results, evaluate
+    from .tables import rows_of
+
+    queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid", "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"]
+    rows = _rows(400)  # 1600 tuples, sent at 400 tuples/s: 4 batches of 100 instants, one a second
+    data = tmp_path / "vitals.csv"
+    with open(data, "w", newline="") as f:
+        w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
+        w.writeheader()
+        w.writerows(rows)
+    # kill_at accepted tuples: the first batch is in, half of them, three of the four batches
+    tables, err, total = _ingest_through_a_master_kill(tmp_path, queries, data, 400, kill_at)
+    lost = [ln for ln in err.splitlines() if "connection to master lost" in ln]
+    assert len(lost) == 1 and "resuming from batch " in lost[0], err
+    assert "sent 1600/1600 tuples in 4 batches: accepted 1600, dropped above level TS 0, rejected batches 0" in err
+    cfg = parse_config(BATTLEFIELD_TOML)
+    for got, q in zip(tables, queries):
+        compare_results([r for t in got for r in rows_of(t)], evaluate(q, cfg, "TS", {"Vitals": rows}))
+    assert total == len(rows)  # each tuple once in the restarted master
 
 
 @pytest.mark.slow
@@ -405,13 +419,6 @@ def test_a_million_tuple_ingest_survives_kill_9_of_the_master(tmp_path, kill_fra
     import numpy as np
     import pyarrow.csv as pcsv
 
-    from strata.client import Client
-    from strata.deploy.local import restart_process, start_cluster, stop_cluster
-
-    from .conftest import BATTLEFIELD_TOML
-    from .polling import wait_for
-    from .test_cluster_e2e import PASSWORD, write_config
-
     n, per = 1_000_000, 20_000
     ts = np.repeat(np.arange(1, n // per + 1, dtype=np.int64), per)
     k = np.arange(n)
@@ -420,65 +427,14 @@ def test_a_million_tuple_ingest_survives_kill_9_of_the_master(tmp_path, kill_fra
                       "bp": (90.0 + (k * 13) % 90).astype(np.float64), "pr": np.ones(n), "weight": np.ones(n)})
     data = tmp_path / "vitals.csv"
     pcsv.write_csv(table, data)
-    query = "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"
-    instants = np.unique(ts)
-    expected = {int(t): int(((ts > t - 3) & (ts <= t)).sum()) for t in instants}
-    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
-    state = tmp_path / "state"
-    started = start_cluster(str(cfg_path), ["TS"], 1, state)
-    proc = None
-    try:
-        address, tls = started["masters"]["TS"], started["tls_dir"]
-        master = next(p for p in json.loads((state / "cluster.json").read_text())["processes"]
-                      if p["role"] == "master")
-        c = Client(address, tls_dir=tls, level="TS")
-        c.login("ann", PASSWORD, "TS")
-        (reg,) = c.register([query])
-        got: dict[int, list[int]] = {}
-        done, failed = threading.Event(), []
-
-        def collect():
-            try:
-                for _, t in c.follow([reg.query_id], reconnect_seconds=180):
-                    if t is not None:
-                        for tau, cnt in zip(t.column(0).to_pylist(), t.column(t.num_columns - 1).to_pylist()):
-                            got.setdefault(int(tau), []).append(int(cnt))
-            except Exception as e:  # noqa: BLE001 - surfaced below
-                failed.append(e)
-            done.set()
-
-        threading.Thread(target=collect, daemon=True).start()
-        env = {**os.environ, "STRATA_PASSWORD": PASSWORD}
-        proc = subprocess.Popen([sys.executable, "-m", "strata", "ingest", "--config", str(cfg_path), "--master",
-                                 address, "--user", "ann", "--level", "TS", "--tls-dir", tls, "--labelled",
-                                 "--finish", "--rate", "200000", "--input", f"Vitals={data}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        op = Client(address, tls_dir=tls, level="TS")
-        op.login("ann", PASSWORD, "TS")
-
-        def accepted():
-            try:
-                return op.status().counters["accepted"]
-            except Exception:  # noqa: BLE001 - not yet
-                return 0
-
-        wait_for(lambda: accepted() >= kill_fraction * n or proc.poll() is not None, 120, "the kill point")
-        assert proc.poll() is None, proc.communicate()
-        os.kill(master["pid"], signal.SIGKILL)
-        wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
-        restart_process(state, master["name"])
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0 and "Traceback" not in err, err
-        assert sum("connection to master lost" in ln for ln in err.splitlines()) == 1, err
-        assert f"sent {n}/{n} tuples" in err, err
-        assert done.wait(240), "results did not complete after the restart"
-        assert not failed, failed
-        assert {t: v[-1] for t, v in got.items()} == expected  # every instant, the count from the file
-        assert all(len(set(v)) == 1 for v in got.values())  # a result seen again after the restart: same
-        assert op.status().counters["accepted"] == n  # each tuple once in the restarted master
-        c.close()
-        op.close()
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        stop_cluster(state)
+    expected = {int(t): int(((ts > t - 3) & (ts <= t)).sum()) for t in np.unique(ts)}
+    (tables,), err, total = _ingest_through_a_master_kill(
+        tmp_path, ["SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"], data, 200_000, kill_fraction * n)
+    assert f"sent {n}/{n} tuples" in err, err
+    got: dict[int, list[int]] = {}
+    for t in tables:
+        for tau, cnt in zip(t.column(0).to_pylist(), t.column(t.num_columns - 1).to_pylist()):
+            got.setdefault(int(tau), []).append(int(cnt))
+    assert {t: v[-1] for t, v in got.items()} == expected  # every instant, the count from the file
+    assert all(len(set(v)) == 1 for v in got.values())  # a result seen again after the restart: same
+    assert total == n  # each tuple once in the restarted master

@@ -487,7 +487,7 @@ class _Analyzer:
             if movable:
                 new = frozenset(wset & sigma)
                 # the instants stay those of the rewritten set (SEMANTICS §5): kept beside the clause
-                keep = w.instants if w.instants is not None else (None if new == wset else tuple(self.lat.sort(wset)))
+                keep = None if new == wset else tuple(self.lat.sort(wset))
                 from_[i] = replace(f, window=replace(w, clause=A.LevelClause("in", tuple(self.lat.sort(new))),
                                                      instants=keep))
                 drop.update(k for k, _ in mine)

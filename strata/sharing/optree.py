@@ -213,10 +213,8 @@ def window_node(f: A.FromItem, stream: str, instant_seconds: float, scope: str |
     w = f.window
     levels = frozenset(w.levels)
     if w.instants is not None:  # Alg. 4 narrowed it but kept the instants (SEMANTICS §5): another window
-        node = window_node(A.FromItem(f.stream, A.Window(w.kind, w.rows, w.range_amount, w.range_unit,
-                                                         w.partition_by, w.clause), f.alias),
-                           stream, instant_seconds, scope)
-        return Node(node.op, node.parm + (("instants", frozenset(w.instants)),), node.inputs, node.stream, node.scope)
+        node = window_node(replace(f, window=replace(w, instants=None)), stream, instant_seconds, scope)
+        return replace(node, parm=node.parm + (("instants", frozenset(w.instants)),))
     if w.kind == "rows":
         return Node("tuple_win", (("levels", levels), ("rows", int(w.rows))), (), stream, scope)
     if w.kind == "partition":
