@@ -49,8 +49,8 @@ def _log(msg: str) -> None:
 class Sampler:
     """RSS of the master and its Status counters every ``every`` s, on a thread."""
 
-    def __init__(self, pid: int, client, every: float = EVERY):
-        self.pid, self.client, self.every = pid, client, every
+    def __init__(self, pid: int, client, every: float = EVERY, state: Path | None = None):
+        self.pid, self.client, self.every, self.state = pid, client, every, state
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._t0 = time.monotonic()
@@ -65,9 +65,12 @@ class Sampler:
                 st = self.client.status()
                 acc = int(st.counters.get("accepted", 0))
                 extra = {"backlog": int(st.backlog_chunks), "ready": int(st.ready_chunks),
-                         "lag": float(st.lag_seconds), "chunks": int(st.counters.get("chunks", 0))}
+                         "lag": float(st.lag_seconds), "chunks": int(st.counters.get("chunks", 0)),
+                         "checkpoints": int(st.counters.get("checkpoints", 0))}
             except Exception:  # noqa: BLE001  (a busy master: the RSS sample still counts)
                 acc, extra = None, {}
+            if self.state is not None:
+                extra["log_mb"] = round(_state_bytes(self.state) / 2**20, 1)
             if rss is not None:
                 self.samples.append({"t": round(t - self._t0, 3), "rss_kb": rss, "accepted": acc, **extra})
             self._stop.wait(max(0.0, self.every - (time.monotonic() - t)))
@@ -76,6 +79,17 @@ class Sampler:
         self._stop.set()
         self._t.join()
         return self.samples
+
+
+def _state_bytes(state: Path) -> int:
+    """Bytes of the masters' state files (event log, checkpoint, WAL) in ``state``."""
+    total = 0
+    for f in state.glob("master-*.sqlite*"):
+        try:
+            total += f.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def analyse(samples: list[dict], expected: int, tuples: int) -> dict:
@@ -139,7 +153,7 @@ def run(args, res: dict) -> None:
                 time.sleep(0.1)
             rss_registered = rss_kb(m_pid)
             cpu0 = cpu_seconds(m_pid)
-            sampler = Sampler(m_pid, op)
+            sampler = Sampler(m_pid, op, state=state)
             t0 = time.monotonic()
             ing = subprocess.run(U.STRATA + ["ingest"] + client + ["--input", f"Vitals={csv}", "--labelled",
                                                                    "--finish"],
@@ -158,7 +172,7 @@ def run(args, res: dict) -> None:
         if q.returncode != 0:
             raise RuntimeError(f"strata query exited {q.returncode}: {q.stderr.read()[-1500:]}")
         op.close()
-        db = sum(f.stat().st_size for f in state.glob("master-*.sqlite*"))
+        db = _state_bytes(state)
     finally:
         subprocess.run(U.STRATA + ["down", "--state-dir", str(state)], env=env, capture_output=True)
     accepted = int(st.counters.get("accepted", 0))
@@ -177,14 +191,17 @@ def run(args, res: dict) -> None:
                      "rss_idle_mb": mb(rss_idle), "rss_registered_mb": mb(rss_registered),
                      "rss_done_mb": mb(rss_done), "rss_after_mb": mb(rss_after), "hwm_mb": mb(hwm),
                      "peak_sample_mb": mb(max(s["rss_kb"] for s in samples)) if samples else None,
-                     "event_log_mb": round(db / 2**20, 1), "load_start": la,
+                     "event_log_mb": round(db / 2**20, 1),
+                     "event_log_peak_mb": max((x.get("log_mb") or 0 for x in samples), default=None),
+                     "checkpoints": int(st.counters.get("checkpoints", 0)), "load_start": la,
                      "load_end": round(os.getloadavg()[0], 1), **a, "samples": samples, "checks": [check]}
     r = res["memory"]
     _log(f"memory {n:,} tuples: ingest {t_ingest:.1f} s, last result {t_done:.1f} s; master RSS idle "
          f"{r['rss_idle_mb']} MB, " + ", ".join(f"{k} %: {v['rss_mb']} MB (at {v['fraction']:.0%})"
                                                 for k, v in a["at"].items())
          + f", after {r['rss_after_mb']} MB, peak {r['hwm_mb']} MB; slope {a['slope_mb_per_m']} MB per M tuples "
-         f"over the second half ({a['slope_samples']} samples); event log {r['event_log_mb']} MB")
+         f"over the second half ({a['slope_samples']} samples); state file {r['event_log_mb']} MB at the end, "
+         f"{r['event_log_peak_mb']} MB at most, {r['checkpoints']} checkpoints")
 
 
 # ---- what grows? a one-process reproduction ------------------------------------------------------

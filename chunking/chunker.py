@@ -215,6 +215,13 @@ def _partition_tail(t: pa.Table, cols: tuple[str, ...], n: int) -> pa.Table:
     return t.filter(pa.array(mask))
 
 
+def _stored(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A table read back from a checkpoint, with the item schema (an empty one: the schema's own)."""
+    if t.num_rows == 0:
+        return schema.empty_table()
+    return t if t.schema.equals(schema) else t.cast(schema)
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -607,6 +614,54 @@ class Chunker:
             if it.hist.num_rows == 0:
                 it.hist = it.schema.empty_table()
         return True
+
+    # -- checkpoints ------------------------------------------------------------------
+    def export_state(self) -> tuple[dict, dict[str, pa.Table]]:
+        """Everything this chunker holds, as plain JSON and named Arrow tables (the master's
+        checkpoint, :mod:`strata.master.checkpoint`).  Tables are immutable: the caller may
+        serialize them after releasing its lock.  :meth:`import_state` on a chunker with the
+        same queries registered in the same order continues exactly as this one would."""
+        meta = {"chunk_instants": self.K, "accepted": self.accepted, "rejected": dict(self.rejected),
+                "next_seq": dict(self._next_seq), "last_ts": dict(self._last_ts), "next_chunk": self._next_chunk,
+                "queries": []}
+        tables: dict[str, pa.Table] = {}
+        for qi, q in enumerate(self._queries.values()):
+            meta["queries"].append({"query_id": q.query_id, "last_instant": q.last_instant,
+                                    "state_upto": q.state_upto, "state": q.state is not None})
+            if q.state is not None:
+                tables[f"{qi}/state"] = q.state
+            for i, it in enumerate(q.items):
+                tables[f"{qi}/{i}/hist"] = it.hist
+                tables[f"{qi}/{i}/pending"] = it.pend()[0]
+                extra = np.concatenate(it.extra_ts) if it.extra_ts else np.empty(0, dtype=np.int64)
+                tables[f"{qi}/{i}/extra"] = pa.table({"ts": pa.array(extra, pa.int64())})
+        return meta, tables
+
+    def import_state(self, meta: dict, tables: dict[str, pa.Table]) -> None:
+        """Take the state :meth:`export_state` wrote.  The same queries must be registered, in the
+        same order (raises :class:`ChunkingError` otherwise, and for another ``chunk_instants``)."""
+        if int(meta["chunk_instants"]) != self.K:
+            raise ChunkingError(f"the checkpoint cut chunks of {meta['chunk_instants']} instants, this chunker "
+                                f"{self.K}", "checkpoint")
+        ids = [m["query_id"] for m in meta["queries"]]
+        if ids != list(self._queries):
+            raise ChunkingError(f"the checkpoint holds queries {ids}, the chunker {list(self._queries)}", "checkpoint")
+        self.accepted = int(meta["accepted"])
+        self.rejected = {str(k): int(v) for k, v in meta["rejected"].items()}
+        self._next_seq = {name: int(meta["next_seq"].get(name, 0)) for name in self._next_seq}
+        self._last_ts = {str(k): int(v) for k, v in meta["last_ts"].items()}
+        self._next_chunk = int(meta["next_chunk"])
+        for qi, (m, q) in enumerate(zip(meta["queries"], self._queries.values())):
+            q.last_instant = m["last_instant"]
+            q.state_upto = m["state_upto"]
+            q.state = tables[f"{qi}/state"] if m["state"] else None
+            for i, it in enumerate(q.items):
+                it.hist = _stored(tables[f"{qi}/{i}/hist"], it.schema)
+                pend = _stored(tables[f"{qi}/{i}/pending"], it.schema)
+                it.pending = [pend] if pend.num_rows else []
+                it._pend = it._pend_ts = None
+                extra = tables[f"{qi}/{i}/extra"].column("ts").to_numpy()
+                it.extra_ts = [extra.astype(np.int64)] if len(extra) else []
 
     # -- introspection ------------------------------------------------------------
     @property

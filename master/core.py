@@ -53,6 +53,7 @@ from strata.chunking.model import Chunk, ChunkResult
 from strata.chunking.prune import new_rows, work_rows
 from strata.config import Config
 
+from . import checkpoint
 from .dispatch import Dispatcher
 from .timings import ChunkTimings
 from .shepherd import ShepherdError
@@ -70,6 +71,9 @@ DEFAULT_RESULT_RETENTION_ROWS = 1_000_000
 DEFAULT_RESULT_RETENTION_RESULTS = 10_000  # ... and results per query (each costs ~1-2 kB besides its rows)
 #: rows of cut, unreleased chunks above which a producer's next batch waits ([limits] max_backlog_rows; 0: never)
 DEFAULT_MAX_BACKLOG_ROWS = 4_000_000
+#: rows / events logged after which a master checkpoints ([limits] checkpoint_rows, checkpoint_events)
+DEFAULT_CHECKPOINT_ROWS = 1_000_000
+DEFAULT_CHECKPOINT_EVENTS = 10_000
 #: at most this many tuples (before pruning) in a merged dispatch unit; a single chunk may be larger
 MAX_UNIT_ROWS = 1_000_000
 #: rows (after pruning) a share of a backlog must give Spark before the backlog is split over another
@@ -225,6 +229,14 @@ class MasterCore:
         #: exactly-once ingest: producer ("user/id") -> the largest batch seq in the log (its high-water mark)
         self.producers: dict[str, int] = {}
         self.last_output_ts: int | None = None
+        # checkpoints ([limits] checkpoint_rows / checkpoint_events): rows and events logged since the last
+        self.checkpoint_rows = _limit(config, "checkpoint_rows", DEFAULT_CHECKPOINT_ROWS)
+        self.checkpoint_events = _limit(config, "checkpoint_events", DEFAULT_CHECKPOINT_EVENTS)
+        self._logged_rows = 0
+        self._logged_events = 0
+        self.checkpoints = 0
+        self.checkpoint_failures = 0
+        self.last_checkpoint: dict = {}
 
     # -- queries ------------------------------------------------------------------------
     def register(self, user: str, texts: list[str]) -> list[QueryInfo]:
@@ -242,6 +254,7 @@ class MasterCore:
                 out.append(self._start_query(f"q{next(self._qids)}", text, user, cq))
                 if self.store is not None:
                     self.store.append("register", {"query_id": out[-1].query_id, "owner": user, "text": text})
+                    self._logged_events += 1
         return out
 
     def _start_query(self, qid: str, text: str, user: str, cq=None) -> QueryInfo:
@@ -267,6 +280,7 @@ class MasterCore:
         if self.store is not None:
             self.store.append("remove", {"query_id": info.query_id, "revoked_after": info.revoked_after,
                                          "reason": reason, "state": info.state, "error": info.error})
+            self._logged_events += 1
 
     def owned(self, user: str) -> list[str]:
         with self.cond:
@@ -317,6 +331,7 @@ class MasterCore:
                 if self.store is not None:
                     self.store.append("remove", {"query_id": q, "revoked_after": upto, "reason": reason,
                                                  "state": "revoked", "error": ""})
+                    self._logged_events += 1
             self.revocations += bool(qids)
             self.cond.notify_all()
             return qids
@@ -337,8 +352,22 @@ class MasterCore:
         if self.store is None:
             return n
         with self.cond:
-            top = 0
-            for ev in self.store.events():
+            top, after, snap = 0, 0, None
+            try:
+                snap = checkpoint.decode(self.store.read_checkpoint())
+                if snap is not None:
+                    top, after = self._load(snap), snap.upto_seq
+            except (ChunkingError, ValueError) as e:
+                from .store import StateMismatch
+
+                k = getattr(snap, "meta", {}).get("pipeline", {}).get("chunker", {}).get("chunk_instants")
+                hint = f"start the master with --chunk-seconds {k * self.config.instant_seconds:g} or " if \
+                    k and k != self.pipeline.chunker.K else ""
+                raise StateMismatch(f"{getattr(self.store, 'path', 'state')}: cannot continue from its checkpoint "
+                                    f"({one_line(e)}); {hint}move the file away to start afresh") from None
+            if snap is not None:
+                n |= {"checkpoint": after, "queries": len(self.queries), "chunks": len(snap.chunks)}
+            for ev in self.store.events(after=after):
                 if ev.kind == "register":
                     self._start_query(ev.body["query_id"], ev.body["text"], ev.body["owner"])
                     top = max(top, int(ev.body["query_id"].lstrip("q") or 0))
@@ -357,6 +386,84 @@ class MasterCore:
             self.producers = dict(marks()) if marks is not None else {}
             n["producers"] = len(self.producers)
         return n
+
+    # -- checkpoints (issue 14) -------------------------------------------------------------
+    def checkpoint_due(self) -> bool:
+        """Whether to checkpoint now: ``checkpoint_rows`` rows or ``checkpoint_events`` events were
+        logged since the last one, and the backlog is small (its chunks are written too; a quarter
+        of ``checkpoint_rows``), or twice that much was logged (a backlog that does not drain: the
+        state file then holds at most about twice ``checkpoint_rows`` logged rows plus a checkpoint
+        with the backlog, at most ``max_backlog_rows``)."""
+        if self.store is None or not hasattr(self.store, "write_checkpoint"):
+            return False
+
+        def past(n: int, limit: int, times: int = 1) -> bool:
+            return bool(limit) and n >= times * limit
+
+        due = past(self._logged_rows, self.checkpoint_rows) or past(self._logged_events, self.checkpoint_events)
+        if not due:
+            return False
+        return (self._backlog_rows <= self.checkpoint_rows // 4
+                or past(self._logged_rows, self.checkpoint_rows, 2) or past(self._logged_events, self.checkpoint_events, 2))
+
+    def snapshot(self) -> "checkpoint.Snapshot":
+        """This master's state as of the newest logged event (take it under ``cond``; every logged
+        event is applied under it)."""
+        pmeta, tables, chunks = self.pipeline.export_state()
+        queries = [{"query_id": i.query_id, "text": i.text, "owner": i.owner, "rewritten": i.rewritten, "r2s": i.r2s,
+                    "columns": list(i.columns), "base": i.base, "dropped_upto": i.dropped_upto, "ended": i.ended,
+                    "revoked_after": i.revoked_after, "state": i.state, "error": i.error, "last_ts": i.last_ts}
+                   for i in self.queries.values()]
+        meta = {"queries": queries, "live": list(self.pipeline.queries), "pipeline": pmeta,
+                "last_input_ts": self.last_input_ts, "last_output_ts": self.last_output_ts,
+                "finished": self._finished, "logged": [self._logged_rows, self._logged_events]}
+        return checkpoint.Snapshot(self.store.last_seq(), meta, tables, chunks,
+                                   {q: list(i.results) for q, i in self.queries.items() if i.results})
+
+    def checkpoint(self) -> dict:
+        """Snapshot under the lock, write it and drop the log before it outside; returns what was done
+        (also in status).  Raises what the store raises (nothing changed then; counted)."""
+        t0 = time.perf_counter()
+        with self.cond:
+            snap = self.snapshot()
+        sizes: list[int] = []
+        try:
+            dropped = self.store.write_checkpoint(snap.upto_seq, checkpoint.encode(snap, sizes))
+        except Exception:
+            with self.cond:
+                self.checkpoint_failures += 1
+            raise
+        rows, events = snap.meta["logged"]
+        with self.cond:
+            self._logged_rows -= rows
+            self._logged_events -= events
+            self.checkpoints += 1
+            self.last_checkpoint = {"upto_seq": snap.upto_seq, "events_dropped": dropped,
+                                    "bytes": sum(sizes), "chunks": len(snap.chunks),
+                                    "seconds": round(time.perf_counter() - t0, 3)}
+            return dict(self.last_checkpoint)
+
+    def _load(self, snap: "checkpoint.Snapshot") -> int:
+        """Take a checkpoint into this fresh core; returns the largest query number it knew."""
+        meta = snap.meta
+        infos = {q["query_id"]: q for q in meta["queries"]}
+        for qid in meta["live"]:  # the chunker's queries, in their order
+            self.pipeline.add_query(infos[qid]["text"], query_id=qid)
+        self.pipeline.import_state(meta["pipeline"], snap.tables, snap.chunks)
+        top = 0
+        for q in meta["queries"]:
+            info = QueryInfo(q["query_id"], q["text"], q["owner"], q["rewritten"], q["r2s"], list(q["columns"]),
+                             base=int(q["base"]), dropped_upto=q["dropped_upto"], ended=bool(q["ended"]),
+                             revoked_after=q["revoked_after"], state=q["state"], error=q["error"], last_ts=q["last_ts"])
+            info.results = snap.results.get(info.query_id, [])
+            info.kept_rows = sum(r.rows.num_rows for r in info.results)
+            self.queries[info.query_id] = info
+            top = max(top, int(info.query_id.lstrip("q") or 0))
+        self.last_input_ts, self.last_output_ts = meta["last_input_ts"], meta["last_output_ts"]
+        self._finished = bool(meta["finished"])
+        self._admit(snap.chunks)
+        self.checkpoints, self.last_checkpoint = 0, {"upto_seq": snap.upto_seq, "restored": True}
+        return top
 
     # -- input ----------------------------------------------------------------------------
     def ingest(self, stream: str, table: pa.Table, source_level: str | None) -> tuple[int, int]:
@@ -415,6 +522,8 @@ class MasterCore:
                 if advance_upto is not None:
                     events.append(("advance", {"upto": advance_upto, "finish": False}, None))
                 self._log(events, producer, seq)
+                if self.store is not None:
+                    self._logged_rows += n
 
             accepted = 0
             if kept is not None:
@@ -437,6 +546,7 @@ class MasterCore:
             else:  # a minimal store (tests): one event at a time
                 for kind, body, data in events:
                     self.store.append(kind, body, data)
+            self._logged_events += len(events)
         except Exception as e:  # noqa: BLE001 - disk full, I/O error, closed store: nothing is applied
             self.input_rejected["log_failed"] = self.input_rejected.get("log_failed", 0) + 1
             raise Refused(f"{what} not written to the event log ({one_line(e) or type(e).__name__}); "
@@ -512,6 +622,10 @@ class MasterCore:
         chunks = self.pipeline.finish() if finish else self.pipeline.advance(upto_ts)
         if finish:
             self._finished = True
+        return self._admit(chunks)
+
+    def _admit(self, chunks: list[Chunk]) -> int:
+        """Chunks the pipeline cut (or a checkpoint held) join the ready queue and the backlog."""
         for c in chunks:
             self._ready_add(c.chunk_id)
             n = new_rows(c)  # its legacy is an earlier chunk's (or history's) rows: counted there
@@ -1041,6 +1155,9 @@ class MasterCore:
                                                               "revocations": self.revocations,
                                                               "cancelled": self.cancelled,
                                                               "failed_chunks": self.failed_chunks,
+                                                              "checkpoints": self.checkpoints,
+                                                              "checkpoint_failures": self.checkpoint_failures,
+                                                              "events_since_checkpoint": self._logged_events,
                                                               "queries": sum(i.revoked_after is None
                                                                              for i in self.queries.values())},
             })

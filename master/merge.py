@@ -29,6 +29,12 @@ class OrderedMerger(Generic[T]):
             raise ValueError(f"chunk {chunk_id} registered out of order")
         self._pending[chunk_id] = None
 
+    def resume_after(self, chunk_id: int) -> None:
+        """Start (empty) as if every chunk up to ``chunk_id`` had been released (a checkpoint)."""
+        if self._pending:
+            raise ValueError("resume_after on a merger that expects chunks")
+        self._released_upto = int(chunk_id)
+
     def add(self, chunk_id: int, result: T) -> list[tuple[int, T]]:
         """Record a result; return the results now releasable, in order."""
         if chunk_id not in self._pending or self._pending[chunk_id] is not None:

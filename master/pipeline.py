@@ -194,6 +194,26 @@ class QueryPipeline:
         self.counters["chunks"] += len(chunks)
         return chunks
 
+    # -- checkpoints -------------------------------------------------------------------------
+    def export_state(self) -> tuple[dict, dict[str, pa.Table], list[Chunk]]:
+        """The chunker's state, what this pipeline knows beyond its queries, and the chunks cut and
+        not released (oldest first): a checkpoint (:mod:`strata.master.checkpoint`)."""
+        chunker, tables = self.chunker.export_state()
+        meta = {"chunker": chunker, "stopped": dict(self.stopped), "last_cut": self._last_cut,
+                "released_upto": self.merger.released_upto, "counters": dict(self.counters),
+                "duplicates": self.merger.duplicates}
+        return meta, tables, [self.chunks[c] for c in sorted(self.chunks)]
+
+    def import_state(self, meta: dict, tables: dict[str, pa.Table], chunks: list[Chunk]) -> None:
+        """Continue from :meth:`export_state`; the live queries are added already, in order."""
+        self.chunker.import_state(meta["chunker"], tables)
+        self.stopped = {str(q): int(v) for q, v in meta["stopped"].items()}
+        self.merger.resume_after(int(meta["released_upto"]))
+        self._register(chunks)  # unreleased: computed again; cut order, carriers and adjacency as before
+        self._last_cut = meta["last_cut"]
+        self.counters = Counter(meta["counters"])
+        self.merger.duplicates = int(meta["duplicates"])
+
     # -- results ---------------------------------------------------------------------------
     def complete(self, chunk_id: int, results: list[ChunkResult]) -> list[Released]:
         """Record a chunk's results (any order, duplicates ignored); return what is now in order.

@@ -39,6 +39,7 @@ from strata.groups import execute_digest
 
 from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MAX_PRODUCER_ID, BatchOutcome, MasterCore, NotYours, Refused, \
     ResultsGone
+from .checkpoint import Checkpointer
 from .pipeline import one_line
 from .sessions import RoleError, Sessions, dominates
 
@@ -958,16 +959,21 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     member.state = "master"
     core.group_rejected = lambda: member.rejected
     loop = DispatchLoop(core, spec.key, member, tls_dir=tls_dir)
+    checkpoints = Checkpointer(core) if store is not None else None
     watch = UsersWatch(core, sessions, users)
     watch.check()  # users removed while the master was down lose their restored sessions and queries
     server.start()
     member.start()
     loop.start()
     watch.start()
+    if checkpoints is not None:
+        checkpoints.start()
     log.info("master %s level %s serving", address, level)
 
     def cleanup():
         watch.stop()
+        if checkpoints is not None:
+            checkpoints.stop()
         loop.stop()
         member.stop()
         server.stop(grace=2)

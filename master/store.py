@@ -8,6 +8,10 @@ One ordered event log, written before a call is acknowledged:
 * ``ingest``    a batch the pipeline accepted (Arrow IPC bytes + the session's source level);
 * ``advance``   instants closed up to a timestamp, or ``finish``.
 
+A *checkpoint* (:mod:`strata.master.checkpoint`) stands for every event up to its ``upto_seq``:
+it replaces the previous checkpoint and those events are deleted in the same transaction
+(:meth:`MasterStore.write_checkpoint`), so the log holds only what came after it.
+
 A producer's batch (its rows, its advance) and the producer's new high-water
 sequence number (table ``producers``, keyed ``user/producer_id``) are written
 in one transaction (:meth:`MasterStore.append_batch`) *before* the batch is
@@ -15,9 +19,9 @@ applied in memory: a batch is either in the log with its mark or not at all,
 and a re-sent batch at or below the mark is recognised after a restart.
 
 plus the live sessions (only a SHA-256 of each token is stored) and the
-configuration's fingerprint.  A restarted master replays the log into a fresh
-pipeline: the same calls in the same order make the same chunks, which are
-computed again; a client resumes by subscribing after the last instant it
+configuration's fingerprint.  A restarted master loads the checkpoint, then replays
+the log after it into its pipeline: the same calls in the same order make the same
+chunks, which are computed again (as are the chunks the checkpoint holds unreleased); a client resumes by subscribing after the last instant it
 acknowledged (``resume_after_ts``), so it sees each result once.
 
 Writes use ``synchronous=FULL`` in WAL mode: a batch whose Ingest call returned
@@ -34,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 __all__ = ["MasterStore", "Event", "StoredSession", "StateMismatch", "token_digest", "config_fingerprint"]
 
@@ -55,6 +59,10 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS producers (
     producer TEXT PRIMARY KEY,
     seq INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoint (
+    name TEXT PRIMARY KEY,
+    data BLOB NOT NULL
 );
 """
 
@@ -90,6 +98,7 @@ class MasterStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file only, and before WAL writes its header
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
@@ -147,11 +156,52 @@ class MasterStore:
             rows = self._db.execute("SELECT producer, seq FROM producers").fetchall()
         return {str(p): int(q) for p, q in rows}
 
-    def events(self) -> Iterator[Event]:
+    def events(self, after: int = 0) -> Iterator[Event]:
+        """The logged events with a sequence number above ``after``, in order (read in pages: a long
+        log is never in memory at once)."""
+        while True:
+            with self._lock:
+                rows = self._db.execute("SELECT seq, kind, body, data FROM events WHERE seq > ? ORDER BY seq "
+                                        "LIMIT 256", (int(after),)).fetchall()
+            if not rows:
+                return
+            for seq, kind, body, data in rows:
+                yield Event(int(seq), kind, json.loads(body), data)
+            after = int(rows[-1][0])
+
+    def last_seq(self) -> int:
+        """The sequence number of the newest event ever logged (0: none); compaction keeps counting."""
         with self._lock:
-            rows = self._db.execute("SELECT seq, kind, body, data FROM events ORDER BY seq").fetchall()
-        for seq, kind, body, data in rows:
-            yield Event(int(seq), kind, json.loads(body), data)
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return int(row[0]) if row else 0
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def write_checkpoint(self, upto_seq: int, parts: Iterable[tuple[str, bytes]]) -> int:
+        """Replace the checkpoint by ``parts`` (name, bytes; taken one at a time, e.g. from a generator)
+        standing for every event up to ``upto_seq``
+        and drop those events, in one transaction: after a crash either the old checkpoint and the
+        whole log are there or the new one and the log after it.  Returns the events dropped.  The
+        freed pages are given back to the file system afterwards (a file made by this version)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM checkpoint")
+                self._db.executemany("INSERT INTO checkpoint VALUES (?, ?)", parts)
+                dropped = self._db.execute("DELETE FROM events WHERE seq <= ?", (int(upto_seq),)).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.executescript("PRAGMA incremental_vacuum;")  # sqlite3_exec steps it to the end (execute: one page)
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return int(dropped)
+
+    def read_checkpoint(self) -> dict[str, bytes]:
+        """The parts of the last checkpoint by name (empty: none was written)."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, data FROM checkpoint").fetchall()
+        return {str(n): bytes(d) for n, d in rows}
 
     def count(self) -> int:
         with self._lock:

@@ -80,6 +80,11 @@ class Limits:
     #: open Subscribe/Ingest streams a master allows per session and per user (one more: RESOURCE_EXHAUSTED)
     max_streams_per_session: int = 8
     max_streams_per_user: int = 64
+    #: a master checkpoints its state (and drops the event log before it) once this many rows were
+    #: logged since its last checkpoint (0: never; a restart then replays the whole log)
+    checkpoint_rows: int = 1_000_000
+    #: ... or this many events (batches, advances, registrations) were
+    checkpoint_events: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,8 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0, "result_retention_results": 1,
-              "max_backlog_rows": 0, "max_streams_per_session": 1, "max_streams_per_user": 1}
+              "max_backlog_rows": 0, "max_streams_per_session": 1, "max_streams_per_user": 1,
+              "checkpoint_rows": 0, "checkpoint_events": 0}
 
 
 def _limits(raw: Any, err) -> Limits:

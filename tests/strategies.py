@@ -545,6 +545,8 @@ class _Gen:
             select = "*"
         else:
             select = ", ".join(self.scalar_item(refs, k) for k in range(self.d(st.integers(1, 3))))
+        if not group and not having and self.chance(0.15) and not _has_aggregate(select):
+            select = f"{self.kw('distinct')} {select}"  # one row per value tuple, at the lub of its rows
         r2s = self.pick((None, None, None, "ISTREAM", "RSTREAM", "DSTREAM", "w:ISTREAM", "w:RSTREAM", "w:DSTREAM"))
         if r2s and not r2s.startswith("w:"):
             select = f"{self.kw(r2s)} {select}"
@@ -554,6 +556,12 @@ class _Gen:
         if self.chance(0.1):
             text += ";"
         return text
+
+
+def _has_aggregate(select: str) -> bool:
+    import re
+
+    return bool(re.search(r"\b(count|sum|avg|min|max)\s*\(", select, re.I))
 
 
 @st.composite

@@ -188,7 +188,14 @@ class _Analyzer:
             select, outputs = self._select_list(q.select)
 
         is_agg = bool(group_by) or having is not None or any(A.aggregates_in(s.expr) for s in select)
-        if is_agg:
+        if q.distinct:
+            if is_agg:
+                raise SemanticError("SELECT DISTINCT cannot be combined with GROUP BY, HAVING or aggregates yet "
+                                    "(group by the select list instead)")
+            # one row per distinct value tuple at the lub of its rows: exactly a grouping by the select list
+            # (docs/semantics.md); printed back as SELECT DISTINCT
+            group_by, is_agg = tuple(s.expr for s in select), True
+        elif is_agg:
             if q.select is None:
                 raise SemanticError("SELECT * cannot be combined with GROUP BY, HAVING or aggregates")
             for s in select:
@@ -199,7 +206,7 @@ class _Analyzer:
         has_agg_in_select = any(A.aggregates_in(s.expr) for s in select)
         r2s = q.r2s or ("RSTREAM" if has_agg_in_select else "ISTREAM")
 
-        query = A.Query(select, from_, where, group_by, having, q.r2s, q.wrapped)
+        query = A.Query(select, from_, where, group_by, having, q.r2s, q.wrapped, q.distinct)
         authorize(query, self.lat, self.level)
         query = self._rewrite(query)
         rewritten = query

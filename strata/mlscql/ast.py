@@ -155,6 +155,9 @@ class Query:
     having: Expr | None = None
     r2s: str | None = None  # ISTREAM | RSTREAM | DSTREAM, None = default
     wrapped: bool = False  # written as ISTREAM(SELECT ...)
+    #: SELECT DISTINCT: one row per distinct value tuple, at the lub of the rows it stands for. After
+    #: analysis ``group_by`` holds the select list's expressions (the engine groups by them)
+    distinct: bool = False
 
 
 def children(e: Expr) -> list[Expr]:

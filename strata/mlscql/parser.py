@@ -38,9 +38,10 @@ class _ToAst(Transformer):
     def wrapped(self, r2s, q: A.Query):
         if q.r2s is not None:
             raise ParseError(f"{r2s.upper()}(...) wraps a query that already says {q.r2s}")
-        return A.Query(q.select, q.from_, q.where, q.group_by, q.having, r2s=str(r2s).upper(), wrapped=True)
+        return A.Query(q.select, q.from_, q.where, q.group_by, q.having, r2s=str(r2s).upper(), wrapped=True,
+                       distinct=q.distinct)
 
-    def select_stmt(self, r2s, select, from_, *rest):
+    def select_stmt(self, r2s, distinct, select, from_, *rest):
         where = group = having = None
         for part in rest:
             if part is None:
@@ -52,7 +53,8 @@ class _ToAst(Transformer):
                 group = val
             else:
                 having = val
-        return A.Query(select, from_, where, group or (), having, str(r2s).upper() if r2s else None)
+        return A.Query(select, from_, where, group or (), having, str(r2s).upper() if r2s else None,
+                       distinct=distinct is not None)
 
     def select_star(self):
         return None

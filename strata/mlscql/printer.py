@@ -123,11 +123,11 @@ def to_text(q: A.Query) -> str:
         if f.alias:
             s += f" {f.alias}"
         items.append(s)
-    head = "SELECT " + (f"{q.r2s} " if q.r2s and not q.wrapped else "")
+    head = "SELECT " + (f"{q.r2s} " if q.r2s and not q.wrapped else "") + ("DISTINCT " if q.distinct else "")
     text = head + sel + " FROM " + ", ".join(items)
     if q.where is not None:
         text += " WHERE " + expr_text(q.where)
-    if q.group_by:
+    if q.group_by and not q.distinct:  # DISTINCT: the analyzer's grouping by the select list
         text += " GROUP BY " + ", ".join(expr_text(g) for g in q.group_by)
     if q.having is not None:
         text += " HAVING " + expr_text(q.having)

@@ -20,7 +20,8 @@ Facts copied from SEMANTICS.md (nothing here reads ../shared at run time):
 * ``[ROWS N]`` last N with ts ≤ τ; ``[RANGE T unit]`` τ-T < ts ≤ τ with T in
   instants = ceil(T·unit / instant_seconds); ``[NOW]`` ts = τ;
   ``[PARTITION BY a.. ROWS N]`` union of the last N per partition;
-* output level = lub of contributing tuples (bottom if none);
+* output level = lub of contributing tuples (bottom if none); SELECT DISTINCT: one row per
+  distinct value tuple, at the lub of the levels of the rows it stands for;
 * ISTREAM = R(τ) − R(τ'), DSTREAM = R(τ') − R(τ), RSTREAM = R(τ) (bags of
   (level, cols...)); default RSTREAM iff the select list has an aggregate.
 
@@ -406,7 +407,7 @@ class _Evaluator:
             for r in rows:
                 lvl = self.lat.lub_all(t["level"] for t in r)
                 out.append((lvl, *self._ok(self.select_values(r, None), "SELECT")))
-            return out
+            return self._distinct(out) if q.distinct else out
         groups: dict[tuple, list[tuple]] = {}
         if q.group_by:
             for r in rows:
@@ -431,6 +432,14 @@ class _Evaluator:
             lvl = self.lat.lub_all(t["level"] for r in grp for t in r)
             out.append((lvl, *self._ok(self.select_values(rep, grp), "SELECT")))
         return out
+
+    def _distinct(self, rows: list[tuple]) -> list[tuple]:
+        """SELECT DISTINCT: one row per distinct value tuple, its level the lub of the levels of the
+        rows it stands for (SEMANTICS, issue 16)."""
+        levels: dict[tuple, list[str]] = {}
+        for lvl, *vals in rows:
+            levels.setdefault(tuple(vals), []).append(lvl)
+        return [(self.lat.lub_all(lvls), *vals) for vals, lvls in levels.items()]
 
     def passes(self, cond, row, group, clause: str) -> bool:
         """WHERE/HAVING: False if a top-level conjunct that did not fail is FALSE or NULL, else

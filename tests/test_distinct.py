@@ -1,0 +1,132 @@
+"""SELECT DISTINCT (issue 16): one row per distinct value tuple of R(τ), at the lub of the levels of the
+rows it stands for (docs/semantics.md).
+
+* the front end: parsed, authorized, rewritten and optimized like the query without DISTINCT (Alg. 2-4),
+  grouped by the select list, printed back as SELECT DISTINCT (the rewritten text round-trips);
+  combined with GROUP BY, HAVING or aggregates it is refused with one line;
+* the levels: a value seen at U and at S is one row at S for an S session and one at U for a U session
+  (a U session learns nothing of the S duplicate: its row is the same with or without it);
+* differential: random non-aggregate queries made DISTINCT, through chunked, multi-worker evaluation
+  with random chunk lengths, sharing and running states, equal the independent reference.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from strata.mlscql import QueryError, compile_query, parse
+from strata.mlscql.printer import to_text
+
+from .distributed import run_distributed
+from .reference.evaluator import compare_results, evaluate, evaluate_outcome
+from .strategies import example_settings, multistream, queries
+from .tables import inputs_of
+from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
+
+EXAMPLES, SETTINGS = example_settings("STRATA_DISTINCT_EXAMPLES", 20)
+
+
+def test_distinct_compiles_to_a_grouping_and_prints_back(battlefield):
+    cq = compile_query("select distinct sid, bp > 100 as hi from Vitals [ROWS 5] where level in {U, C}",
+                       battlefield, "S")
+    assert cq.query.distinct and cq.is_aggregate and len(cq.query.group_by) == 2
+    assert cq.r2s == "ISTREAM"  # no aggregate in the select list: the default stays ISTREAM
+    assert cq.rewritten.startswith("SELECT DISTINCT sid, bp > 100 AS hi FROM Vitals [ROWS 5 level in {")
+    assert "GROUP BY" not in cq.rewritten
+    assert to_text(parse(cq.rewritten)) == cq.rewritten
+    assert compile_query(cq.rewritten, battlefield, "S").rewritten == cq.rewritten
+    star = compile_query("SELECT DISTINCT * FROM Vitals [NOW]", battlefield, "C")
+    assert star.rewritten.startswith("SELECT DISTINCT sid, bp, pr, weight FROM Vitals [NOW level in {U, C}]")
+
+
+@pytest.mark.parametrize("text", ["SELECT DISTINCT COUNT(*) FROM Vitals [ROWS 3]",
+                                  "SELECT DISTINCT sid FROM Vitals [ROWS 3] GROUP BY sid",
+                                  "SELECT DISTINCT sid FROM Vitals [ROWS 3] GROUP BY sid HAVING COUNT(*) > 1"])
+def test_distinct_with_grouping_is_refused_in_one_line(battlefield, text):
+    with pytest.raises(QueryError, match="SELECT DISTINCT cannot be combined with GROUP BY, HAVING or aggregates"):
+        compile_query(text, battlefield, "S")
+
+
+def test_distinct_is_still_authorized(battlefield):
+    with pytest.raises(QueryError):
+        compile_query("SELECT DISTINCT sid FROM Vitals [ROWS 3 level in {TS}]", battlefield, "S")
+
+
+ROWS = [
+    {"ts": 1, "level": "U", "sid": "a", "bp": 100.0, "pr": 1.0, "weight": 1.0},
+    {"ts": 1, "level": "S", "sid": "a", "bp": 120.0, "pr": 1.0, "weight": 1.0},
+    {"ts": 2, "level": "C", "sid": "b", "bp": 90.0, "pr": 1.0, "weight": 1.0},
+    {"ts": 3, "level": "S", "sid": "b", "bp": 95.0, "pr": 1.0, "weight": 1.0},
+    {"ts": 4, "level": "U", "sid": "c", "bp": 80.0, "pr": 1.0, "weight": 1.0},
+]
+
+
+def test_the_level_of_a_distinct_row_is_the_lub_of_its_rows(battlefield):
+    q = "RSTREAM(SELECT DISTINCT sid FROM Vitals [RANGE 2 SECONDS])"
+    assert evaluate(q, battlefield, "S", {"Vitals": ROWS}) == [
+        (1, "S", "a"), (2, "S", "a"), (2, "C", "b"), (3, "S", "b"), (4, "S", "b"), (4, "U", "c")]
+    # a U session: the S duplicates are not there, and its rows do not depend on them
+    u = evaluate(q, battlefield, "U", {"Vitals": ROWS})
+    assert u == evaluate(q, battlefield, "U", {"Vitals": [r for r in ROWS if r["level"] == "U"]})
+    assert u == [(1, "U", "a"), (4, "U", "c")]  # its instants are the ts of U tuples only
+
+
+@pytest.mark.spark
+def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
+    from strata.worker.shared import SharedExecutor
+
+    texts = ["RSTREAM(SELECT DISTINCT sid FROM Vitals [RANGE 2 SECONDS])", "SELECT DISTINCT sid FROM Vitals",
+             "DSTREAM(SELECT DISTINCT sid FROM Vitals [ROWS 2])"]
+    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    for level in ("U", "S"):
+        out = run_distributed(battlefield, level, texts, inputs_of(battlefield, {"Vitals": ROWS}), executors,
+                              chunk_instants=1, rnd=random.Random(3))
+        for i, text in enumerate(texts):
+            compare_results(out[f"q{i + 1}"].rows, evaluate(text, battlefield, level, {"Vitals": ROWS}))
+
+
+_SELECT = re.compile(r"\b(select)(\s+(?:istream|rstream|dstream)\b)?", re.I)
+
+
+@st.composite
+def distinct_queries(draw, config, level):
+    """A random query without aggregates or grouping, made SELECT DISTINCT."""
+    text = draw(queries(config, level))
+    if re.search(r"\bdistinct\b", text, re.I) is None:
+        text = _SELECT.sub(lambda m: m.group(0) + " DISTINCT", text, count=1)
+    try:
+        cq = compile_query(text, config, config.lattice.parse(level))
+    except QueryError:
+        assume(False)
+    assume(cq.query.distinct)
+    return text
+
+
+@pytest.mark.spark
+@SETTINGS
+@given(data=st.data())
+def test_random_distinct_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+    from strata.worker.shared import SharedExecutor
+
+    config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
+    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
+    texts = [data.draw(distinct_queries(config, level), label=f"query{i}") for i in range(data.draw(st.integers(1, 2)))]
+    streams = data.draw(multistream(config), label="streams")
+    k = data.draw(st.integers(1, 3), label="chunk_instants")
+    n = data.draw(st.integers(1, 3), label="workers")
+    sharing = data.draw(st.booleans(), label="sharing")
+    incremental = data.draw(st.booleans(), label="cut incrementally (running states between chunks)")
+    rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
+    executors = [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
+    out = run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k, rnd=rnd,
+                          prune=data.draw(st.booleans(), label="prune"), incremental=incremental)
+    for i, text in enumerate(texts):
+        expected = evaluate_outcome(text, config, level, streams)
+        actual = out[f"q{i + 1}"]
+        assert actual.error_ts == expected.error_ts, (text, actual.error, expected.error)
+        compare_results(actual.rows, expected.rows)
