@@ -243,6 +243,7 @@ class Chunker:
         self._next_seq: dict[str, int] = {name: 0 for name in config.streams}
         self._last_ts: dict[str, int] = {}
         self._schemas = {name: stream_schema(s) for name, s in config.streams.items()}
+        self._added: dict[str, tuple] = {}  # streams added at run time: name -> columns
         self._next_chunk = 0  # every chunk with a smaller index is closed
         for qid, cq in (queries or {}).items():
             self.add_query(qid, cq)
@@ -301,6 +302,23 @@ class Chunker:
 
     def remove_query(self, query_id: str) -> None:
         self._queries.pop(query_id, None)
+
+    def add_stream(self, config) -> None:
+        """Take ``config`` with a stream added at run time (``strata streams add``): its tuples are
+        accepted from now on, and chunks of queries that read it carry its schema."""
+        self.config = config
+        for name, s in config.streams.items():
+            if name not in self._schemas:
+                self._schemas[name] = stream_schema(s)
+                self._next_seq[name] = 0
+                self._added[name] = s.columns
+
+    def _added_streams(self, qcs: list[QueryChunk]) -> tuple:
+        """The run-time streams the queries of ``qcs`` read, with their schemas (see :class:`Chunk`)."""
+        if not self._added:
+            return ()
+        used = {it.stream for qc in qcs for it in self._queries[qc.query_id].items}
+        return tuple((n, cols) for n, cols in self._added.items() if n in used)
 
     def mode(self, query_id: str) -> LegacyMode:
         return self._queries[query_id].mode
@@ -527,7 +545,7 @@ class Chunker:
             qcs.append(qc)
             q.last_instant = int(instants[-1])
             self._trim(q, last + 1)
-        return Chunk(chunk_id=cid, first_ts=first, last_ts=last, queries=qcs)
+        return Chunk(chunk_id=cid, first_ts=first, last_ts=last, queries=qcs, streams=self._added_streams(qcs))
 
     def _legacy(self, q: _Query, it: _Item, tau_a: int, prev: int | None) -> pa.Table:
         """The legacy rows of item ``it`` for a chunk whose first instant is ``tau_a``."""
@@ -732,7 +750,8 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
             items.append(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
         instants = [x for q in qcs for x in q.instants]
         out.append(QueryChunk(qid, cid, items, instants, head.prev_instant, head.state, head.state_upto))
-    return Chunk(chunk_id=cid, first_ts=chunks[0].first_ts, last_ts=chunks[-1].last_ts, queries=out)
+    streams = tuple(dict(s for c in chunks for s in c.streams).items())
+    return Chunk(chunk_id=cid, first_ts=chunks[0].first_ts, last_ts=chunks[-1].last_ts, queries=out, streams=streams)
 
 
 def _split_rows(rows: pa.Table, bounds: list[tuple[int, int]]) -> list[pa.Table]:

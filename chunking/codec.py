@@ -117,6 +117,8 @@ def encode_chunk(chunk: Chunk) -> bytes:
         "last_ts": int(chunk.last_ts),
         "queries": qs,
     }
+    if chunk.streams:
+        header["streams"] = [[name, [list(c) for c in cols]] for name, cols in chunk.streams]
     return _pack(CHUNK_MAGIC, header, tables)
 
 
@@ -139,7 +141,9 @@ def decode_chunk(data) -> Chunk:
                     state_upto=qh["state_upto"],
                 )
             )
-        chunk = Chunk(chunk_id=h["chunk_id"], first_ts=h["first_ts"], last_ts=h["last_ts"], queries=queries)
+        streams = tuple((str(n), tuple((str(c), str(t)) for c, t in cols)) for n, cols in h.get("streams", ()))
+        chunk = Chunk(chunk_id=h["chunk_id"], first_ts=h["first_ts"], last_ts=h["last_ts"], queries=queries,
+                      streams=streams)
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, CodecError):
             raise

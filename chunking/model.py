@@ -76,6 +76,9 @@ class Chunk:
     first_ts: int
     last_ts: int
     queries: list[QueryChunk]
+    #: schemas of the streams its queries read that were added at run time (``strata streams add``):
+    #: ((name, ((attribute, type), ...)), ...); a worker knows only its configuration's streams
+    streams: tuple = ()
 
     @property
     def num_rows(self) -> int:

@@ -14,7 +14,10 @@ Rules (all thresholds in :class:`PolicySettings`):
   count the group's live workers (the master's table, without the ones being
   drained) plus the workers still starting.
 * **scale up** when the group is *behind* -- more than ``up_backlog`` chunks
-  wait for a worker, or chunks wait and every worker reports CPU at or above
+  wait for a worker, or more than ``up_backlog`` chunks per live worker are in the
+  backlog (waiting or in flight: with adaptive chunking a busy worker takes every
+  waiting chunk into its next merged job, so the queue empties while the backlog
+  stays), or chunks wait and every worker reports CPU at or above
   ``cpu_threshold`` (90 %: Algorithm 5 sends nothing to such a worker) --
   continuously for ``up_sustain`` seconds, no worker is still starting, and the
   last scale-up is at least ``up_cooldown`` seconds ago.  ``k`` grows with the
@@ -129,7 +132,8 @@ class ScalingPolicy:
         n = obs.size
         waiting = obs.waiting
         busy = bool(live) and all(w.cpu >= s.cpu_threshold for w in live)
-        behind = waiting > s.up_backlog or (waiting > 0 and (busy or not live))
+        per_worker = obs.backlog_chunks / len(live) if live else 0.0
+        behind = waiting > s.up_backlog or per_worker > s.up_backlog or (waiting > 0 and (busy or not live))
         mean_cpu = sum(w.cpu for w in live) / len(live) if live else 0.0
         idle = obs.backlog_chunks <= s.down_backlog and waiting == 0 and mean_cpu < s.down_cpu
         # while workers are starting the group is not judged: the sustained period starts once they joined
@@ -150,6 +154,8 @@ class ScalingPolicy:
         # -- scale up -----------------------------------------------------------------------
         if behind:
             why = (f"{waiting} chunks waiting (threshold {s.up_backlog})" if waiting > s.up_backlog
+                   else f"{obs.backlog_chunks} chunks in the backlog of {len(live)} worker(s) (threshold "
+                        f"{s.up_backlog} per worker)" if per_worker > s.up_backlog
                    else f"{waiting} chunks waiting and " + ("no worker" if not live else
                                                              f"every worker at CPU >= {s.cpu_threshold:g} %"))
             if n >= s.max_workers:

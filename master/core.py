@@ -236,6 +236,7 @@ class MasterCore:
         self._logged_events = 0
         self.checkpoints = 0
         self.checkpoint_failures = 0
+        self.added_streams: dict[str, tuple] = {}  # streams added at run time: name -> columns
         self.last_checkpoint: dict = {}
 
     # -- queries ------------------------------------------------------------------------
@@ -315,6 +316,42 @@ class MasterCore:
             self.cond.notify_all()
             return [self._view(self.queries[q]) for q in dict.fromkeys(qids)]
 
+    # -- streams added at run time (issue 16) -------------------------------------------------
+    def add_stream(self, name: str, columns: list[tuple[str, str]], log: bool = True) -> tuple[dict, bool]:
+        """Declare stream ``name`` with ``columns`` ((attribute, type) pairs) from now on: logged before it
+        is applied, so a restart declares it again.  Returns (the stream's view, whether it is new):
+        the same declaration again changes nothing; another one for an existing name, or a bad one,
+        raises :class:`Refused` (``bad_stream``) with one line."""
+        from strata.config import StreamError, stream_of
+
+        with self.cond:
+            have = self.config.stream(name) if isinstance(name, str) else None
+            if have is not None:
+                if have.name == name and list(have.columns) == [tuple(c) for c in columns]:
+                    return self._stream_view(have), False
+                raise Refused(f"stream {have.name} exists with attributes "
+                              f"{', '.join(f'{c}={t}' for c, t in have.columns)}", "bad_stream")
+            try:
+                schema = stream_of(name, [tuple(c) for c in columns], self.config.streams)
+            except StreamError as e:
+                raise Refused(f"stream {name}: {e}" + (f" ({e.key})" if e.key else ""), "bad_stream") from None
+            if log:
+                self._log([("stream", {"name": schema.name, "columns": [list(c) for c in schema.columns]}, None)],
+                          what="stream")
+            self.config = replace(self.config, streams={**self.config.streams, schema.name: schema})
+            self.pipeline.add_stream(self.config)
+            self.added_streams[schema.name] = schema.columns
+            return self._stream_view(schema), True
+
+    @staticmethod
+    def _stream_view(s) -> dict:
+        return {"name": s.name, "columns": [list(c) for c in s.columns]}
+
+    def streams(self) -> list[dict]:
+        """Every stream this master accepts: the configuration's, then those added at run time."""
+        with self.cond:
+            return [self._stream_view(s) | {"added": s.name in self.added_streams} for s in self.config.streams.values()]
+
     # -- revocation (privacy switches) --------------------------------------------------------
     def revoke_user(self, user: str, reason: str = "revoked") -> list[str]:
         """Stop every query of ``user`` from the next instant on; returns their ids.
@@ -381,6 +418,9 @@ class MasterCore:
                     n["batches"] += 1
                 elif ev.kind == "advance":
                     n["chunks"] += self._advance(ev.body.get("upto"), ev.body.get("finish", False), log=False)
+                elif ev.kind == "stream":
+                    self.add_stream(ev.body["name"], [tuple(c) for c in ev.body["columns"]], log=False)
+                    n["streams"] = n.get("streams", 0) + 1
             self._qids = itertools.count(top + 1)
             marks = getattr(self.store, "producers", None)
             self.producers = dict(marks()) if marks is not None else {}
@@ -415,6 +455,7 @@ class MasterCore:
                     "revoked_after": i.revoked_after, "state": i.state, "error": i.error, "last_ts": i.last_ts}
                    for i in self.queries.values()]
         meta = {"queries": queries, "live": list(self.pipeline.queries), "pipeline": pmeta,
+                "streams": [[n, [list(c) for c in cols]] for n, cols in self.added_streams.items()],
                 "last_input_ts": self.last_input_ts, "last_output_ts": self.last_output_ts,
                 "finished": self._finished, "logged": [self._logged_rows, self._logged_events]}
         return checkpoint.Snapshot(self.store.last_seq(), meta, tables, chunks,
@@ -446,6 +487,8 @@ class MasterCore:
     def _load(self, snap: "checkpoint.Snapshot") -> int:
         """Take a checkpoint into this fresh core; returns the largest query number it knew."""
         meta = snap.meta
+        for name, cols in meta.get("streams", []):  # before the queries that read them
+            self.add_stream(name, [tuple(c) for c in cols], log=False)
         infos = {q["query_id"]: q for q in meta["queries"]}
         for qid in meta["live"]:  # the chunker's queries, in their order
             self.pipeline.add_query(infos[qid]["text"], query_id=qid)

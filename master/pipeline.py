@@ -114,6 +114,11 @@ class QueryPipeline:
             self.counters[f"sharing_{best.kind}"] += 1
         return qid, cq
 
+    def add_stream(self, config: Config) -> None:
+        """Continue with ``config``, which declares one more stream (``strata streams add``)."""
+        self.config = config
+        self.chunker.add_stream(config)
+
     def remove_query(self, query_id: str, after: int | None = None) -> None:
         """Stop a query: chunks cut from now on no longer carry it (its branch is not computed).
 

@@ -295,6 +295,19 @@ class MasterServicer(rpc.MasterServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e.args[0]))
         return pb.CancelReply(queries=[pb.QueryStatus(**v) for v in views])
 
+    def AddStream(self, request, context):
+        self._require(context, ("operator",), "AddStream")
+        try:
+            view, created = self.core.add_stream(request.name, [(a.name, a.type) for a in request.attributes])
+        except Refused as e:
+            self.core.count_rejected(e.reason)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return _stream_info(view, added=True, created=created)
+
+    def Streams(self, request, context):
+        self._session(context)
+        return pb.StreamsReply(streams=[_stream_info(v, v["added"]) for v in self.core.streams()])
+
     def Status(self, request, context):
         s = self._session(context)
         operator = "operator" in s.principal.roles
@@ -508,6 +521,12 @@ class AioMaster(rpc.MasterServicer):
     async def Status(self, request, context):
         return await self._unary("Status", request, context)
 
+    async def AddStream(self, request, context):
+        return await self._unary("AddStream", request, context)
+
+    async def Streams(self, request, context):
+        return await self._unary("Streams", request, context)
+
     # -- streams -----------------------------------------------------------------------------------
     def _news_for(self, qids: list[str], cursor: dict[str, int]) -> bool:
         """Whether one of ``qids`` has a result after ``cursor`` or has ended (read without the lock:
@@ -673,6 +692,11 @@ class MasterServer:
                 self.front.shutdown()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
+
+
+def _stream_info(view: dict, added: bool, created: bool = False) -> "pb.StreamInfo":
+    return pb.StreamInfo(name=view["name"], attributes=[pb.Attribute(name=c, type=t) for c, t in view["columns"]],
+                         added=added, created=created)
 
 
 class DispatchLoop:

@@ -466,6 +466,21 @@ class Client:
         except grpc.RpcError as e:
             raise _error(e) from None
 
+    def add_stream(self, name: str, attributes: list[tuple[str, str]]) -> pb.StreamInfo:
+        """Declare stream ``name`` with ``attributes`` ((name, type) pairs) on this master (operator)."""
+        try:
+            return self.stub.AddStream(pb.AddStreamRequest(name=name, attributes=[
+                pb.Attribute(name=a, type=t) for a, t in attributes]), metadata=self._md, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+
+    def streams(self) -> list[pb.StreamInfo]:
+        """The streams this master accepts (its configuration's, then those added at run time)."""
+        try:
+            return list(self.stub.Streams(pb.Empty(), metadata=self._md, timeout=self.timeout).streams)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+
     def status(self) -> pb.StatusReply:
         """The level, this session's roles and own queries; for operators also the cluster part."""
         try:

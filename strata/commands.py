@@ -515,6 +515,54 @@ def producer_id(args, inputs_specs: list[str], level: str, rows: int) -> str:
     return "file-" + h.hexdigest()[:32]
 
 
+def with_master_streams(cfg, c):
+    """``cfg`` plus the streams the master behind client ``c`` declares that ``cfg`` does not (added at
+    run time with ``strata streams add``)."""
+    from dataclasses import replace
+
+    from .config import StreamSchema
+
+    extra = {s.name: StreamSchema(s.name, tuple((a.name, a.type) for a in s.attributes))
+             for s in client_call(c.streams) if cfg.stream(s.name) is None}
+    return replace(cfg, streams={**cfg.streams, **extra}) if extra else cfg
+
+
+def parse_schema(text: str) -> list[tuple[str, str]]:
+    """``sid=string,bp=double`` as [(attribute, type), ...] (checked by the master)."""
+    out = []
+    for part in (text or "").split(","):
+        name, eq, typ = part.strip().partition("=")
+        if not eq or not name.strip() or not typ.strip():
+            raise CliError(f"--schema: {part.strip()!r} is not ATTRIBUTE=TYPE (e.g. sid=string,bp=double)",
+                           EXIT_REJECTED)
+        out.append((name.strip(), typ.strip().lower()))
+    return out
+
+
+def cmd_streams(args) -> int:
+    """``strata streams add --name N --schema a=type,...`` (operator) and ``strata streams list``."""
+    missing = [f"--{n}" for n in ("config", "master", "user") if not getattr(args, n, None)]
+    if missing:
+        raise CliError(f"strata streams needs {', '.join(missing)}", EXIT_REJECTED)
+    if args.action == "add":
+        attrs = parse_schema(args.schema)
+    c = login(args.master, args.user, _client_level(args), client_tls(args))
+    try:
+        if args.action == "add":
+            info = client_call(c.add_stream, args.name, attrs)
+            cols = ", ".join(f"{a.name}={a.type}" for a in info.attributes)
+            progress(f"stream {info.name} " + ("declared" if info.created else "already declared so") + f": {cols}")
+            return EXIT_OK
+        for s in client_call(c.streams):
+            row = {"stream": s.name, "attributes": {a.name: a.type for a in s.attributes},
+                   "added": "run time" if s.added else "config"}
+            print(json.dumps(row) if args.format == "json" else
+                  f"{s.name}\t{','.join(f'{a.name}={a.type}' for a in s.attributes)}\t{row['added']}")
+        return EXIT_OK
+    finally:
+        c.close()
+
+
 def cmd_ingest(args) -> int:
     """Send input files exactly once: batches numbered under a producer id, each acknowledged once it is
     in the master's log; on a lost connection (a master killed or restarted) one line, then reconnect,
@@ -522,8 +570,18 @@ def cmd_ingest(args) -> int:
     from .client import ClientError
 
     cfg = config_of(args)
-    inputs = parse_inputs(cfg, args.input)
-    c = login(args.master, args.user, _client_level(args), client_tls(args))
+    c = None
+    try:
+        if any(cfg.stream(spec.split("=", 1)[0]) is None for spec in args.input if "=" in spec):
+            c = login(args.master, args.user, _client_level(args), client_tls(args))
+            cfg = with_master_streams(cfg, c)  # a stream added at run time: its schema is the master's
+        inputs = parse_inputs(cfg, args.input)  # (a file's errors before connecting, where it can be)
+    except BaseException:
+        if c is not None:
+            c.close()
+        raise
+    if c is None:
+        c = login(args.master, args.user, _client_level(args), client_tls(args))
     total = sum(t.num_rows for _, t in inputs)
     above = 0
     if args.labelled:  # rows the master's shepherd would drop on arrival: not sent
@@ -647,6 +705,20 @@ def add_parsers(sub) -> None:
     ing.add_argument("--reconnect-seconds", type=float, default=120.0,
                      help="how long to wait for a restarted master before giving up")
     ing.set_defaults(func=cmd_ingest)
+
+    sm = sub.add_parser("streams", help="`streams list`: the streams a master accepts; `streams add --name N "
+                                        "--schema a=type,...`: declare one at run time (operator)")
+    smsub = sm.add_subparsers(dest="action", metavar="ACTION", required=True)
+    sa = smsub.add_parser("add", help="declare a stream on a running master (logged: it survives a restart)")
+    client(sa)
+    sa.add_argument("--name", required=True)
+    sa.add_argument("--schema", required=True, help="attributes and types, e.g. sid=string,bp=double "
+                                                    "(types: string, double, long, boolean, timestamp)")
+    sl = smsub.add_parser("list", help="the master's streams: name, attributes, from the config or run time")
+    client(sl)
+    sl.add_argument("--format", choices=["text", "json"], default="text")
+    for p in (sa, sl):
+        p.set_defaults(func=cmd_streams)
 
     adv = sub.add_parser("advance", help="close instants up to a timestamp (producer) or finish the input "
                                          "(producer or operator)")

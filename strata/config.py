@@ -62,6 +62,39 @@ class StreamSchema:
         return tuple(c for c, _ in self.columns)
 
 
+class StreamError(ValueError):
+    """A stream declaration that is refused; ``key``: the attribute it is about (None: the stream)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def stream_of(name: str, columns, known=()) -> StreamSchema:
+    """The schema of stream ``name`` with ``columns`` ((attribute, type) pairs, in order), checked as a
+    ``[streams.NAME]`` table is: identifiers, not ``ts``/``level``, no attribute twice, known types, a
+    name none of ``known`` (stream names) has, all case-insensitively.  Raises :class:`StreamError`."""
+    if not isinstance(name, str) or not _IDENT.fullmatch(name):
+        raise StreamError(f"stream name {name!r} is not an identifier")
+    if name.lower() in {k.lower() for k in known}:
+        raise StreamError(f"stream {name!r} is declared twice (names are case-insensitive)")
+    if not columns:
+        raise StreamError("declare at least one attribute, e.g. bp = \"double\"")
+    out, seen = [], set()
+    for col, typ in columns:
+        if not isinstance(col, str) or not _IDENT.fullmatch(col):
+            raise StreamError("attribute name is not an identifier", str(col))
+        if col.lower() in SYSTEM_COLUMNS:
+            raise StreamError(f"'{col}' is a system attribute every stream has; it cannot be declared", col)
+        if col.lower() in seen:
+            raise StreamError("attribute declared twice (names are case-insensitive)", col)
+        seen.add(col.lower())
+        if typ not in TYPES:
+            raise StreamError(f"unknown type {typ!r} (types: {', '.join(TYPES)})", col)
+        out.append((col, typ))
+    return StreamSchema(name, tuple(out))
+
+
 @dataclass(frozen=True)
 class Limits:
     """``[limits]``: bounds every level group applies to what users send."""
@@ -202,30 +235,16 @@ def parse_config(text: str, path: Path | None = None) -> Config:
     if not isinstance(raw_streams, dict):
         raise err("streams", None, "must be a table of [streams.NAME] tables")
     streams: dict[str, StreamSchema] = {}
-    lowered: set[str] = set()
     for sname, cols in raw_streams.items():
         sec = f"streams.{sname}"
-        if not _IDENT.fullmatch(sname):
-            raise err(sec, None, f"stream name {sname!r} is not an identifier")
-        if sname.lower() in lowered:
-            raise err(sec, None, f"stream {sname!r} is declared twice (names are case-insensitive)")
-        lowered.add(sname.lower())
         if not isinstance(cols, dict) or not cols:
-            raise err(sec, None, "declare at least one attribute, e.g. bp = \"double\"")
-        out = []
-        seen: set[str] = set()
-        for col, typ in cols.items():
-            if not _IDENT.fullmatch(col):
-                raise err(sec, col, "attribute name is not an identifier")
-            if col.lower() in SYSTEM_COLUMNS:
-                raise err(sec, col, f"'{col}' is a system attribute every stream has; it cannot be declared")
-            if col.lower() in seen:
-                raise err(sec, col, "attribute declared twice (names are case-insensitive)")
-            seen.add(col.lower())
-            if typ not in TYPES:
-                raise err(sec, col, f"unknown type {typ!r} (types: {', '.join(TYPES)})")
-            out.append((col, typ))
-        streams[sname] = StreamSchema(sname, tuple(out))
+            if _IDENT.fullmatch(sname):
+                raise err(sec, None, "declare at least one attribute, e.g. bp = \"double\"")
+            cols = {}
+        try:
+            streams[sname] = stream_of(sname, list(cols.items()), streams)
+        except StreamError as e:
+            raise err(sec, e.key, str(e)) from None
 
     limits = _limits(data.get("limits", {}), err)
     rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams", "limits")}

@@ -475,11 +475,12 @@ class _Gen:
         anyc = ref.cols("string", *NUMERIC)
         choices = ["COUNT(*)", f"COUNT({ref.col(self.pick(anyc))})",
                    f"MIN({ref.col(self.pick(anyc))})", f"MAX({ref.col(self.pick(anyc))})",
-                   f"SUM({ref.col('ts')})"]
+                   f"SUM({ref.col('ts')})", f"COUNT(DISTINCT {ref.col(self.pick(anyc))})"]
         if numeric:
             n1, n2 = ref.col(self.pick(numeric)), ref.col(self.pick(numeric))
             choices += [f"SUM({n1})", f"AVG({n1})", f"AVG({n1} * 2)", f"MAX({n1}) - MIN({n1})",
-                        f"SUM({n1}) / COUNT(*)", f"MIN({n2})", f"MAX({n2})", f"AVG({n2})"]
+                        f"SUM({n1}) / COUNT(*)", f"MIN({n2})", f"MAX({n2})", f"AVG({n2})",
+                        f"COUNT(DISTINCT {n1} * 2)"]
         big = self.big_arith(ref)
         if big is not None:
             n1 = ref.col(self.pick(ref.cols("long", "timestamp")))

@@ -89,6 +89,21 @@ def test_all_workers_busy_with_waiting_chunks_is_behind():
         assert p.decide(Observation(now=t, backlog_chunks=2, workers=ws)).delta == 0
 
 
+def test_a_backlog_in_flight_on_too_few_workers_is_behind():
+    """Adaptive chunking: a busy worker takes every waiting chunk into its next merged job, so the queue
+    is empty at most ticks while the backlog (in flight) stays above the threshold per worker."""
+    p = ScalingPolicy(FAST)
+    for t, waiting in ((0, 3), (1, 0), (2, 3)):  # never more than 4 waiting
+        d = p.decide(Observation(now=t, backlog_chunks=12, workers=(W("a", in_flight=12 - waiting),),
+                                 ready_chunks=waiting))
+    assert d.delta == 1 and "12 chunks in the backlog of 1 worker(s) (threshold 4 per worker)" in d.reason
+    # the same backlog over three workers: 4 each, not behind
+    p = ScalingPolicy(FAST)
+    ws = tuple(W(x, in_flight=4) for x in "abc")
+    assert all(p.decide(Observation(now=t, backlog_chunks=12, workers=ws, ready_chunks=0)).delta == 0
+               for t in range(10))
+
+
 def test_scale_down_after_an_idle_period_one_at_a_time():
     p = ScalingPolicy(FAST)
     ws = (W("a", ours=False), W("b", done=5), W("c", done=1, cpu=5))

@@ -138,7 +138,8 @@ def result_schema(cq: CompiledQuery) -> pa.Schema:
 @dataclass(frozen=True)
 class _Partial:
     name: str  # column in partial/state tables
-    kind: str  # cnt | sum | shi | slo | min | max  (shi/slo: exact SUM of a 64-bit argument)
+    kind: str  # cnt | sum | shi | slo | min | max | set  (shi/slo: exact SUM of a 64-bit argument;
+    #            set: the distinct non-NULL values, for COUNT(DISTINCT))
     arg: int  # index into the distinct aggregate arguments
 
 
@@ -917,14 +918,14 @@ class _Run:
         need = {"COUNT": {"cnt"}, "SUM": {"sum"}, "AVG": {"sum", "cnt"}, "MIN": {"min"}, "MAX": {"max"}}
         for a in self._aggregates():
             if a.arg is not None:
-                kinds[args.index(a.arg)].update(need[a.func])
+                kinds[args.index(a.arg)].update({"set"} if a.distinct else need[a.func])
         for k in kinds:
             if "sum" in kinds[k] and self.arg_types[k] in INTEGRAL:
                 kinds[k] = (kinds[k] - {"sum"}) | {"shi", "slo"}  # exact: high and low 32-bit words
         return [
             _Partial(f"a{k}_{kind}", kind, k)
             for k in range(len(args))
-            for kind in ("cnt", "sum", "shi", "slo", "min", "max")
+            for kind in ("cnt", "sum", "shi", "slo", "min", "max", "set")
             if kind in kinds[k]
         ]
 
@@ -938,19 +939,27 @@ class _Run:
         cols += [f"count(1) AS {ROWS}", f"bit_or({mask}) AS {MASK}"]
         args = [p.sql for p in self.arg_parts]
         fn = {"cnt": "count({})", "sum": "sum({})", "min": "min({})", "max": "max({})",
-              "shi": "sum(shiftright({}, 32))", "slo": f"sum(({{}}) & {_LO_MASK})"}
-        cols += [f"{fn[p.kind].format(args[p.arg])} AS {p.name}" for p in self._partials()]
+              "shi": "sum(shiftright({}, 32))", "slo": f"sum(({{}}) & {_LO_MASK})", "set": "collect_set({})"}
+        cols += [f"{fn[p.kind].format(self._set_arg(args[p.arg], p) if p.kind == 'set' else args[p.arg])} AS {p.name}"
+                 for p in self._partials()]
         if self.row_err:
             cols.append(f"min({self._err_case(self.where_parts + self.key_parts + self.arg_parts)}) AS {ERR}")
         groups = ", ".join(str(k + 1) for k in range(1 + len(extra) + len(self.q.group_by)))
         return f"SELECT {', '.join(cols)} FROM {from_where} GROUP BY {groups}"
+
+    def _set_arg(self, sql: str, p: _Partial) -> str:
+        """A COUNT(DISTINCT) argument as collected: a double plus 0.0, so that -0.0 and 0.0 are one
+        value (as SQL equality has them)."""
+        return f"(({sql}) + CAST(0.0 AS DOUBLE))" if self.arg_types[p.arg] == "double" else sql
 
     def _merge_sql(self, source: str) -> str:
         keys = self._group_names()
         fn = {"cnt": "sum", "sum": "sum", "min": "min", "max": "max"}
         cols = [TAU, *keys, f"sum({ROWS}) AS {ROWS}", f"bit_or({MASK}) AS {MASK}"]
         for p in self._partials():
-            if p.kind == "shi":  # normalized: carry the low words' overflow into the high word
+            if p.kind == "set":  # the union of the parts' sets
+                cols.append(f"array_distinct(flatten(collect_list({p.name}))) AS {p.name}")
+            elif p.kind == "shi":  # normalized: carry the low words' overflow into the high word
                 cols.append(f"(sum({p.name}) + shiftright(sum(a{p.arg}_slo), 32)) AS {p.name}")
             elif p.kind == "slo":
                 cols.append(f"(sum({p.name}) & {_LO_MASK}) AS {p.name}")
@@ -967,6 +976,8 @@ class _Run:
             if e.arg is None:
                 return ROWS
             k = self._args().index(e.arg)
+            if e.distinct:  # COUNT(DISTINCT): the size of the set (none: no rows, 0)
+                return f"(CASE WHEN a{k}_set IS NULL THEN CAST(0 AS BIGINT) ELSE CAST(size(a{k}_set) AS BIGINT) END)"
             exact = self.arg_types[k] in INTEGRAL
             if e.func == "AVG":
                 if exact:  # the exact sum, rounded once to a double, over the count

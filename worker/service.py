@@ -61,12 +61,24 @@ class WorkerCore:
         self.refused: Counter = Counter()
         self.busy_seconds = 0.0
 
-    def _compile(self, spec: QuerySpecData) -> CompiledQuery:
-        key = (spec.text, spec.level)
+    def _config_for(self, streams: tuple):
+        """This worker's configuration plus the streams a chunk says were added at run time (the
+        master declares them: ``strata streams add``); a stream of the configuration keeps its schema."""
+        if not streams:
+            return self.config
+        from dataclasses import replace
+
+        from strata.config import StreamSchema
+
+        extra = {n: StreamSchema(n, tuple(cols)) for n, cols in streams if self.config.stream(n) is None}
+        return replace(self.config, streams={**self.config.streams, **extra}) if extra else self.config
+
+    def _compile(self, spec: QuerySpecData, streams: tuple = ()) -> CompiledQuery:
+        key = (spec.text, spec.level, streams)
         with self._lock:
             cq = self._compiled.get(key)
         if cq is None:
-            cq = compile_query(spec.text, self.config, spec.level)
+            cq = compile_query(spec.text, self._config_for(streams), spec.level)
             with self._lock:
                 if len(self._compiled) > 1024:
                     self._compiled.clear()
@@ -79,15 +91,15 @@ class WorkerCore:
             raise WorkerRefused(f"this worker serves level {self.level}, not {level}")
         by_id = {}
         rejected: dict[str, str] = {}  # query id → why it does not compile here (its own failure)
+        chunk = decode_chunk(chunk_bytes)
         for s in specs:
             if s.level != self.level:
                 self.refused["wrong_level"] += 1
                 raise WorkerRefused(f"query {s.query_id} runs at {s.level}; this worker serves {self.level}")
             try:
-                by_id[s.query_id] = self._compile(s)
+                by_id[s.query_id] = self._compile(s, chunk.streams)
             except QueryError as e:
                 rejected[s.query_id] = one_line(f"query rejected on the worker: {e}")
-        chunk = decode_chunk(chunk_bytes)
         seen: Counter = Counter()
         for qc in chunk.queries:
             if qc.query_id not in by_id and qc.query_id not in rejected:

@@ -131,7 +131,7 @@ def legacy_mode(cq) -> LegacyMode:
 
     Bounded windows (ROWS, RANGE, NOW, PARTITION BY) always carry a bounded
     per-item legacy.  With a ``[RANGE UNBOUNDED]`` item: one item with an
-    aggregate → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
+    aggregate, none of them COUNT(DISTINCT) → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
     result only changes by the rows of new tuples); anything else → HISTORY
     (every visible tuple of the unbounded items is legacy).
     """
@@ -139,8 +139,9 @@ def legacy_mode(cq) -> LegacyMode:
     if "unbounded" not in kinds:
         return LegacyMode.WINDOW
     if len(kinds) == 1:
-        if cq.is_aggregate:
-            return LegacyMode.STATE
+        if cq.is_aggregate and not any(a.distinct for s in cq.query.select or () for a in A.aggregates_in(s.expr)) \
+                and not any(a.distinct for a in A.aggregates_in(cq.query.having)):
+            return LegacyMode.STATE  # (a COUNT(DISTINCT) has no running state: the history travels)
         if cq.r2s in ("ISTREAM", "DSTREAM"):
             return LegacyMode.NONE
     return LegacyMode.HISTORY
@@ -322,8 +323,10 @@ class _Analyzer:
                 raise SemanticError(f"{ctx}: {e.func} needs a numeric argument, got {t}")
             if e.func in ("MIN", "MAX") and t == "boolean":
                 raise SemanticError(f"{ctx}: {e.func} of a boolean is not supported")
+            if e.distinct and e.func != "COUNT":
+                raise SemanticError(f"{ctx}: {e.func}(DISTINCT ...) is not supported yet; COUNT(DISTINCT ...) is")
             out_t = {"COUNT": "long", "AVG": "double"}.get(e.func, "long" if t == "timestamp" and e.func == "SUM" else t)
-            return A.Aggregate(e.func, arg), out_t
+            return A.Aggregate(e.func, arg, e.distinct), out_t
         if isinstance(e, A.Unary):
             x, t = self._expr(e.operand, ctx, allow_agg, in_agg)
             if e.op == "NOT":

@@ -82,6 +82,7 @@ class IsNull:
 class Aggregate:
     func: str  # one of AGGREGATES
     arg: "Expr | None"  # None means COUNT(*)
+    distinct: bool = False  # COUNT(DISTINCT x): the number of distinct non-NULL values
 
 
 Expr = Union[Column, Literal, LevelLiteral, Unary, Binary, InList, DominatedBy, IsNull, Aggregate]
@@ -191,7 +192,7 @@ def map_children(e: Expr, f) -> Expr:
     if isinstance(e, IsNull):
         return IsNull(f(e.operand), e.negated)
     if isinstance(e, Aggregate) and e.arg is not None:
-        return Aggregate(e.func, f(e.arg))
+        return Aggregate(e.func, f(e.arg), e.distinct)
     return e
 
 

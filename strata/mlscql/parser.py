@@ -231,6 +231,9 @@ class _ToAst(Transformer):
     def aggregate(self, agg, e):
         return A.Aggregate(str(agg).upper(), e)
 
+    def aggregate_distinct(self, agg, _distinct, e):
+        return A.Aggregate(str(agg).upper(), e, distinct=True)
+
     def vector_lit(self, v):
         return A.LevelLiteral(v)
 

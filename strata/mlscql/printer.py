@@ -56,7 +56,7 @@ def expr_text(e: A.Expr) -> str:
     if isinstance(e, A.LevelLiteral):
         return e.text
     if isinstance(e, A.Aggregate):
-        return f"{e.func}({'*' if e.arg is None else expr_text(e.arg)})"
+        return f"{e.func}({'*' if e.arg is None else ('DISTINCT ' if e.distinct else '') + expr_text(e.arg)})"
     if isinstance(e, A.Unary):
         if e.op == "NOT":
             return "NOT " + _wrap(e.operand, 3)

@@ -79,7 +79,7 @@ def _requalify(e: A.Expr, mapping: dict[str, str]) -> A.Expr:
     if isinstance(e, A.IsNull):
         return A.IsNull(_requalify(e.operand, mapping), e.negated)
     if isinstance(e, A.Aggregate):
-        return A.Aggregate(e.func, None if e.arg is None else _requalify(e.arg, mapping))
+        return A.Aggregate(e.func, None if e.arg is None else _requalify(e.arg, mapping), e.distinct)
     return e
 
 

@@ -594,6 +594,8 @@ class _Evaluator:
             return len(group)
         vals = [self.eval(e.arg, r) for r in group]
         vals = [v for v in vals if v is not None]
+        if e.func == "COUNT" and getattr(e, "distinct", False):
+            return len(set(vals))  # SQL equality: 0.0 and -0.0 are one value (so are they in a Python set)
         if e.func == "COUNT":
             return len(vals)
         if not vals:

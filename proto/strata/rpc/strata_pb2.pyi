@@ -245,6 +245,40 @@ class QueryStatus(_message.Message):
     stopped_after: int
     def __init__(self, query_id: _Optional[str] = ..., text: _Optional[str] = ..., state: _Optional[str] = ..., last_ts: _Optional[int] = ..., error: _Optional[str] = ..., stopped_after: _Optional[int] = ...) -> None: ...
 
+class Attribute(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class AddStreamRequest(_message.Message):
+    __slots__ = ("name", "attributes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    attributes: _containers.RepeatedCompositeFieldContainer[Attribute]
+    def __init__(self, name: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...) -> None: ...
+
+class StreamInfo(_message.Message):
+    __slots__ = ("name", "attributes", "added", "created")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    attributes: _containers.RepeatedCompositeFieldContainer[Attribute]
+    added: bool
+    created: bool
+    def __init__(self, name: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., added: _Optional[bool] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class StreamsReply(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ...) -> None: ...
+
 class CancelRequest(_message.Message):
     __slots__ = ("query_ids",)
     QUERY_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -80,6 +80,16 @@ class MasterStub:
                 request_serializer=strata_dot_rpc_dot_strata__pb2.CancelRequest.SerializeToString,
                 response_deserializer=strata_dot_rpc_dot_strata__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.AddStream = channel.unary_unary(
+                '/strata.rpc.Master/AddStream',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.AddStreamRequest.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.StreamInfo.FromString,
+                _registered_method=True)
+        self.Streams = channel.unary_unary(
+                '/strata.rpc.Master/Streams',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.StreamsReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -155,6 +165,20 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddStream(self, request, context):
+        """Declare a stream at run time (operator); logged, so a restarted master declares it again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Streams(self, request, context):
+        """The streams this master accepts: its configuration's and those added at run time (every session).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +226,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=strata_dot_rpc_dot_strata__pb2.CancelRequest.FromString,
                     response_serializer=strata_dot_rpc_dot_strata__pb2.CancelReply.SerializeToString,
+            ),
+            'AddStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddStream,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.AddStreamRequest.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.StreamInfo.SerializeToString,
+            ),
+            'Streams': grpc.unary_unary_rpc_method_handler(
+                    servicer.Streams,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.Empty.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.StreamsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -448,6 +482,60 @@ class Master:
             '/strata.rpc.Master/Cancel',
             strata_dot_rpc_dot_strata__pb2.CancelRequest.SerializeToString,
             strata_dot_rpc_dot_strata__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strata.rpc.Master/AddStream',
+            strata_dot_rpc_dot_strata__pb2.AddStreamRequest.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.StreamInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Streams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strata.rpc.Master/Streams',
+            strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.StreamsReply.FromString,
             options,
             channel_credentials,
             insecure,
