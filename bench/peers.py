@@ -270,6 +270,19 @@ def range_comparison(tuples: int = 1_000_000, per_instant: int = 20_000, chunk_l
     return out
 
 
+def record(res: dict) -> None:
+    """Keep ``res`` in docs/benchmarks/results.json as ``range_peers`` (dated, with the load range)."""
+    import datetime
+    import json
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "results.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    loads = [x for c in res["configs"] for x in c.get("load", [])]
+    doc["range_peers"] = {**res, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                          "load": f"{min(loads):g}-{max(loads):g}" if loads else "?"}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     """``python -m bench.peers``: the RANGE comparison, as a markdown table on stdout."""
     import argparse
@@ -282,8 +295,12 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, nargs="+", default=[1, 25], help="instants per chunk / micro-batch")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--record", action="store_true",
+                    help="also keep them in docs/benchmarks/results.json (range_peers) for the README's headline")
     args = ap.parse_args(argv)
     res = range_comparison(args.tuples, args.per_instant, args.chunks, args.runs)
+    if args.record:
+        record(res)
     print(f"\n{args.tuples:,} Vitals tuples, {args.per_instant:,} per instant, `{RANGE10_QUERY}` at TS; "
           f"DuckDB {res['duckdb_seconds']} s; every run checked against DuckDB on all instants "
           f"({res['configs'][0].get('checked_groups', 0):,} (instant, sid) groups).\n")

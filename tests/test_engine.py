@@ -432,3 +432,29 @@ def test_chunking_does_not_change_the_answer(any_engine, battlefield, text):
     for table, inst, prev in prefix_chunks(t, [1, 2, 3, 4, 5], [[1, 2], [3], [4, 5]]):
         got += rows_of(any_engine.run(cq, chunk([table], inst, prev=prev)))
     assert sorted(got, key=str) == sorted(whole, key=str)
+
+
+# -- string GROUP BY keys as dictionary codes --------------------------------------------------------
+@pytest.mark.parametrize("text, coded", [
+    ("SELECT sid, AVG(bp) FROM Vitals [RANGE 3 SECONDS] GROUP BY sid", [(0, "sid")]),
+    ("ISTREAM(SELECT sid AS s, COUNT(*) FROM Vitals [ROWS 4] GROUP BY sid)", [(0, "sid")]),
+    ("SELECT DISTINCT sid FROM Vitals [NOW]", [(0, "sid")]),
+    ("SELECT sid, COUNT(*) FROM Vitals [ROWS 4] WHERE sid != 'A' GROUP BY sid", []),  # compared: kept a string
+    ("SELECT sid, MAX(sid) FROM Vitals [ROWS 4] GROUP BY sid", []),  # aggregated: ordered as strings
+    ("SELECT sid, COUNT(*) FROM Vitals [ROWS 4] GROUP BY sid HAVING sid > 'A'", []),
+    ("SELECT bp, COUNT(*) FROM Vitals [ROWS 4] GROUP BY bp", []),  # not a string
+    ("SELECT sid, COUNT(*) FROM Vitals [PARTITION BY sid ROWS 2] GROUP BY sid", []),  # partitions by it
+    ("SELECT sid, COUNT(*) FROM Vitals GROUP BY sid", []),  # a running state keeps the keys across chunks
+])
+def test_string_group_keys_travel_as_codes_where_that_cannot_change_the_answer(spark, battlefield, text, coded):
+    t = vitals([(1, "U", "A", 100), (1, "C", None, 120), (2, "S", "B", 110), (2, "U", "A", 90), (3, "U", None, 130),
+                (3, "C", "B", 70)])
+    cq = compile_query(text, battlefield, "TS")
+    plain, coding = Engine(spark, battlefield, code_keys=False), Engine(spark, battlefield)
+    from strata.worker.engine import _Run
+
+    assert list(_Run(coding, cq, chunk([t], [1, 2, 3]), legacy_mode(cq)).coded) == coded
+    assert list(_Run(plain, cq, chunk([t], [1, 2, 3]), legacy_mode(cq)).coded) == []
+    got = coding.run(cq, chunk([t], [1, 2, 3]))
+    assert got.error is None and rows_of(got) == rows_of(plain.run(cq, chunk([t], [1, 2, 3])))
+    assert got.rows.schema == plain.run(cq, chunk([t], [1, 2, 3])).rows.schema  # strings again, NULL kept

@@ -245,7 +245,7 @@ class Engine:
     BATCH_MAX_ROWS = 2_000_000
 
     def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None,
-                 batch: bool = True):
+                 batch: bool = True, code_keys: bool = True):
         if membership not in ("arrow", "spark"):
             raise ValueError("membership must be 'arrow' or 'spark'")
         self.spark = spark
@@ -258,6 +258,9 @@ class Engine:
         self.membership = membership
         #: whether :meth:`run_many` puts several queries into one Spark statement
         self.batch = batch
+        #: string GROUP BY keys travel to Spark as dictionary codes where that cannot change the answer
+        #: (:meth:`_Run._coded_keys`)
+        self.code_keys = bool(code_keys)
         self._cores: int | None = None
         self.preagg_factor = self.PREAGG_FACTOR
         self.preagg_min_rows = self.PREAGG_MIN_ROWS
@@ -571,6 +574,9 @@ class _Run:
         self.index = {it.name: i for i, it in enumerate(cq.items)}
         self.index_ci = {it.name.lower(): i for i, it in enumerate(cq.items)}
         self.compiler = SqlCompiler(self.lattice, self._resolve, column_type=self._type)
+        #: string attributes that travel to Spark as dictionary codes (:meth:`_coded_keys`): (item, name)
+        #: → the chunk's dictionary, set by :meth:`_load`
+        self.coded: dict[tuple[int, str], pa.Array | None] = {k: None for k in self._coded_keys()}
         self.frames: dict[str, pa.Table] = {}  # placeholder → Arrow table (a DataFrame in _sql)
         self.ctes: list[tuple[str, str]] = []
         self._prepare()
@@ -657,6 +663,31 @@ class _Run:
     def _resolve(self, c: A.Column) -> str:
         return _col(self._item_of(c.qualifier), c.name)
 
+    def _coded_keys(self) -> list[tuple[int, str]]:
+        """String attributes Spark needs only to tell apart: GROUP BY keys that appear nowhere else but
+        as bare select items (not in WHERE, HAVING or an aggregate argument), in a chunk evaluated
+        without a running state.  They travel as int32 dictionary codes, and the output is decoded
+        with the chunk's dictionary (:meth:`_finish`): equal strings have equal codes and NULL stays
+        NULL, so the groups are the same, while Spark converts and hashes integers instead of
+        strings (a 680 k-row RANGE chunk grouped by a string key: about half the engine time)."""
+        if not self.cq.is_aggregate or self.mode is not LegacyMode.WINDOW or not self.e.code_keys:
+            return []
+        keys = [g for g in self.q.group_by if isinstance(g, A.Column) and self._type(g) == "string"]
+        if not keys:
+            return []
+        other: list[A.Expr] = [x for x in (self.q.where, self.q.having) if x is not None]
+        other += [a for s in self.q.select or () for a in A.aggregates_in(s.expr)]
+        other += [s.expr for s in self.q.select or () if not isinstance(s.expr, A.Column)]
+        other += [g for g in self.q.group_by if not isinstance(g, A.Column)]
+        used = {(self._item_of(c.qualifier), c.name.lower()) for e in other for c in A.columns_in(e)}
+        used |= {(i, p.lower()) for i, f in enumerate(self.q.from_) for p in f.window.partition_by}
+        out = []
+        for g in keys:
+            k = (self._item_of(g.qualifier), g.name)
+            if (k[0], g.name.lower()) not in used and k not in out:
+                out.append(k)
+        return out
+
     def _needed(self) -> list[set[str]]:
         need: list[set[str]] = [set() for _ in self.cq.items]
         exprs = [s.expr for s in self.q.select or ()] + list(self.q.group_by)
@@ -734,7 +765,12 @@ class _Run:
             names.append(f"i{i}___end")
         for name, typ in schema.columns:
             if name in needed:
-                arrays.append(table.column(key(name)).cast(ARROW_TYPES[typ]))
+                col = table.column(key(name)).cast(ARROW_TYPES[typ])
+                if (i, name) in self.coded:  # one dictionary per chunk: codes mean nothing across chunks
+                    enc = pc.dictionary_encode(col.combine_chunks())
+                    self.coded[(i, name)] = enc.dictionary
+                    col = enc.indices.cast(pa.int32())
+                arrays.append(col)
                 names.append(f"i{i}__{name}")
         return self._frame(f"i{i}", pa.Table.from_arrays(arrays, names=names)), [ident(n) for n in names]
 
@@ -1055,10 +1091,23 @@ class _Run:
 
     # -------------------------------------------------------------- relation
     def _select_list(self) -> str:
+        coded = self._coded_outputs()
         return ", ".join(
-            f"CAST({p.sql} AS {SPARK_TYPES[o.type]}) AS o{k}"
+            f"CAST({p.sql} AS {'INT' if k in coded else SPARK_TYPES[o.type]}) AS o{k}"
             for k, (p, o) in enumerate(zip(self.select_parts, self.cq.outputs))
         )
+
+    def _coded_outputs(self) -> dict[int, tuple[int, str]]:
+        """Output index → the coded attribute it shows (a bare select item of a coded GROUP BY key)."""
+        if not self.coded:
+            return {}
+        out = {}
+        for k, s in enumerate(self.q.select or ()):
+            if isinstance(s.expr, A.Column):
+                key = (self._item_of(s.expr.qualifier), s.expr.name)
+                if key in self.coded:
+                    out[k] = key
+        return out
 
     def _r2s(self, rel: str) -> str:
         """SQL turning relation ``rel`` (_tau, _mask, o.. [, _err]) over the evaluation instants into
@@ -1114,8 +1163,14 @@ class _Run:
                 tbl = tbl.filter(pc.and_(pc.invert(bad), pc.less(tbl.column(TAU), error_ts)))
         schema = result_schema(self.cq)
         arrays = [tbl.column(TAU).cast(pa.int64()), tbl.column(LEVEL).cast(pa.string())]
+        coded = self._coded_outputs()
         for k, o in enumerate(self.cq.outputs):
-            arrays.append(tbl.column(f"o{k}").cast(ARROW_TYPES[o.type]))
+            col = tbl.column(f"o{k}")
+            if k in coded:  # back from the chunk's dictionary codes (NULL stays NULL)
+                dictionary = self.coded[coded[k]]
+                col = pc.take(dictionary if dictionary is not None else pa.array([], pa.string()),
+                              col.cast(pa.int32()))
+            arrays.append(col.cast(ARROW_TYPES[o.type]))
         out = pa.Table.from_arrays(arrays, schema=schema)
         if out.num_rows > 1:
             out = out.sort_by([("ts", "ascending")])
