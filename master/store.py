@@ -9,8 +9,9 @@ One ordered event log, written before a call is acknowledged:
 * ``advance``   instants closed up to a timestamp, or ``finish``.
 
 A *checkpoint* (:mod:`strata.master.checkpoint`) stands for every event up to its ``upto_seq``:
-it replaces the previous checkpoint and those events are deleted in the same transaction
-(:meth:`MasterStore.write_checkpoint`), so the log holds only what came after it.
+it is written as a new generation of the ``checkpoint`` table, then one transaction makes it
+current and deletes the previous one and those events (:meth:`MasterStore.write_checkpoint`),
+so the log holds only what came after it.
 
 A producer's batch (its rows, its advance) and the producer's new high-water
 sequence number (table ``producers``, keyed ``user/producer_id``) are written
@@ -61,8 +62,10 @@ CREATE TABLE IF NOT EXISTS producers (
     seq INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS checkpoint (
-    name TEXT PRIMARY KEY,
-    data BLOB NOT NULL
+    gen INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (gen, name)
 );
 """
 
@@ -134,21 +137,16 @@ class MasterStore:
         """Append ``events`` (kind, body, data) and, with ``producer``, set its high-water mark to ``seq``,
         all in one transaction: after a crash either all of it is in the log or none of it.  Raises
         (sqlite3.Error, OSError) with nothing written."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                ids = [int(self._db.execute("INSERT INTO events (kind, body, data) VALUES (?, ?, ?)",
-                                            (kind, json.dumps(body or {}, sort_keys=True), data)).lastrowid)
-                       for kind, body, data in events]
-                if producer is not None:
-                    self._db.execute("INSERT INTO producers VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET "
-                                     "seq = max(seq, excluded.seq)", (producer, int(seq)))
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+        def body() -> list[int]:
+            ids = [int(self._db.execute("INSERT INTO events (kind, body, data) VALUES (?, ?, ?)",
+                                        (kind, json.dumps(body or {}, sort_keys=True), data)).lastrowid)
+                   for kind, body, data in events]
+            if producer is not None:
+                self._db.execute("INSERT INTO producers VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET "
+                                 "seq = max(seq, excluded.seq)", (producer, int(seq)))
             return ids
+
+        return self._transaction(body)
 
     def producers(self) -> dict[str, int]:
         """Every producer's high-water mark: the largest batch seq logged for it."""
@@ -176,31 +174,75 @@ class MasterStore:
         return int(row[0]) if row else 0
 
     # -- checkpoints -----------------------------------------------------------------------
+    #: a checkpoint is written in transactions of about this many bytes (the lock is held for one at a time)
+    CHECKPOINT_BATCH_BYTES = 8 << 20
+
+    def _checkpoint_gen(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'checkpoint_gen'").fetchone()
+        return int(row[0]) if row else 0
+
     def write_checkpoint(self, upto_seq: int, parts: Iterable[tuple[str, bytes]]) -> int:
         """Replace the checkpoint by ``parts`` (name, bytes; taken one at a time, e.g. from a generator)
-        standing for every event up to ``upto_seq``
-        and drop those events, in one transaction: after a crash either the old checkpoint and the
-        whole log are there or the new one and the log after it.  Returns the events dropped.  The
-        freed pages are given back to the file system afterwards (a file made by this version)."""
+        standing for every event up to ``upto_seq``, and drop those events.
+
+        The parts go in as a new generation, in transactions of about :data:`CHECKPOINT_BATCH_BYTES`,
+        holding the store's lock for one of them at a time (producers' batches are logged in between;
+        a part is encoded with no lock held).  One last transaction makes the new generation the
+        checkpoint, deletes the old one and the events it stands for: after a crash at any moment
+        either the old checkpoint and the whole log are there, or the new one and the log after it
+        (an interrupted generation is ignored, and removed by the next write).  Returns the events
+        dropped.  The freed pages are given back to the file system afterwards (a file made by this
+        version) and the WAL is truncated."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("DELETE FROM checkpoint")
-                self._db.executemany("INSERT INTO checkpoint VALUES (?, ?)", parts)
-                dropped = self._db.execute("DELETE FROM events WHERE seq <= ?", (int(upto_seq),)).rowcount
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+            cur = self._checkpoint_gen()
+            self._db.execute("DELETE FROM checkpoint WHERE gen != ?", (cur,))
+        new = cur + 1
+        batch: list[tuple[int, str, bytes]] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal batch, size
+            if batch:
+                self._transaction(lambda: self._db.executemany("INSERT INTO checkpoint VALUES (?, ?, ?)", batch))
+            batch, size = [], 0
+
+        for name, data in parts:
+            batch.append((new, name, data))
+            size += len(data)
+            if size >= self.CHECKPOINT_BATCH_BYTES:
+                flush()
+        flush()
+
+        def swap() -> int:
+            self._db.execute("INSERT INTO meta VALUES ('checkpoint_gen', ?) ON CONFLICT(key) DO UPDATE SET "
+                             "value = excluded.value", (str(new),))
+            self._db.execute("DELETE FROM checkpoint WHERE gen != ?", (new,))
+            return self._db.execute("DELETE FROM events WHERE seq <= ?", (int(upto_seq),)).rowcount
+
+        dropped = self._transaction(swap)
+        with self._lock:
             self._db.executescript("PRAGMA incremental_vacuum;")  # sqlite3_exec steps it to the end (execute: one page)
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return int(dropped)
 
-    def read_checkpoint(self) -> dict[str, bytes]:
-        """The parts of the last checkpoint by name (empty: none was written)."""
+    def _transaction(self, body):
+        """``body()`` in one write transaction under the store's lock; rolled back if it raises."""
         with self._lock:
-            rows = self._db.execute("SELECT name, data FROM checkpoint").fetchall()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                out = body()
+                self._db.execute("COMMIT")
+                return out
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def read_checkpoint(self) -> dict[str, bytes]:
+        """The parts of the checkpoint by name (empty: none was written)."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, data FROM checkpoint WHERE gen = ?",
+                                    (self._checkpoint_gen(),)).fetchall()
         return {str(n): bytes(d) for n, d in rows}
 
     def count(self) -> int:

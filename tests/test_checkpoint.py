@@ -239,6 +239,31 @@ def test_a_checkpoint_gives_the_log_s_pages_back(tmp_path):
     store.close()
 
 
+def test_a_checkpoint_interrupted_while_written_leaves_the_old_one_and_the_whole_log(tmp_path):
+    """The parts go in as a new generation, a batch at a time; only the last transaction makes it the
+    checkpoint.  A write that fails half way (here: the encoder raises) changes nothing a restart
+    reads, and the next write removes what it left."""
+    store = MasterStore(tmp_path / "m.sqlite", "S", "fingerprint")
+    store.CHECKPOINT_BATCH_BYTES = 10
+    store.append("advance", {"upto": 1})
+    assert store.write_checkpoint(1, [("meta", b"one"), ("table:a", b"x" * 20)]) == 1
+    store.append("advance", {"upto": 2})
+
+    def broken():
+        yield "meta", b"two"
+        yield "table:a", b"y" * 20  # a batch of its own: in the file, not yet current
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        store.write_checkpoint(2, broken())
+    assert store.read_checkpoint() == {"meta": b"one", "table:a": b"x" * 20} and store.count() == 1
+    assert store.write_checkpoint(2, [("meta", b"three")]) == 1
+    assert store.read_checkpoint() == {"meta": b"three"} and store.count() == 0
+    rows = store._db.execute("SELECT COUNT(*) FROM checkpoint").fetchone()[0]
+    assert rows == 1  # the interrupted generation is gone too
+    store.close()
+
+
 def test_checkpoints_come_by_rows_or_events_and_wait_for_a_backlog(battlefield, tmp_path):
     cfg = parse_config(BATTLEFIELD_TOML + "\n[limits]\ncheckpoint_rows = 100\ncheckpoint_events = 50\n")
     core = MasterCore(cfg, "S", chunk_instants=1, store=MasterStore(tmp_path / "m.sqlite", "S",
