@@ -66,7 +66,10 @@ class Sampler:
                 acc = int(st.counters.get("accepted", 0))
                 extra = {"backlog": int(st.backlog_chunks), "ready": int(st.ready_chunks),
                          "lag": float(st.lag_seconds), "chunks": int(st.counters.get("chunks", 0)),
-                         "checkpoints": int(st.counters.get("checkpoints", 0))}
+                         "checkpoints": int(st.counters.get("checkpoints", 0)),
+                         "ckpt_running": int(st.counters.get("checkpoint_running", 0)),
+                         "ckpt_mb": round(int(st.counters.get("last_checkpoint_bytes", 0)) / 2**20, 1),
+                         "ckpt_ms": int(st.counters.get("last_checkpoint_ms", 0))}
             except Exception:  # noqa: BLE001  (a busy master: the RSS sample still counts)
                 acc, extra = None, {}
             if self.state is not None:
@@ -166,6 +169,9 @@ def run(args, res: dict) -> None:
             rss_done = rss_kb(m_pid)
             cpu = cpu_seconds(m_pid) - cpu0
             time.sleep(3.0)  # idle: what the master keeps once the run is over
+            settle = time.monotonic() + 120  # and a checkpoint begun meanwhile has ended
+            while op.status().counters.get("checkpoint_running", 0) and time.monotonic() < settle:
+                time.sleep(0.5)
             samples = sampler.stop()
             rss_after, hwm = rss_kb(m_pid), rss_kb(m_pid, "VmHWM")
             st = op.status()

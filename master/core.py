@@ -236,6 +236,7 @@ class MasterCore:
         self._logged_events = 0
         self.checkpoints = 0
         self.checkpoint_failures = 0
+        self.checkpoint_running = False
         self.added_streams: dict[str, tuple] = {}  # streams added at run time: name -> columns
         self.last_checkpoint: dict = {}
 
@@ -430,21 +431,17 @@ class MasterCore:
     # -- checkpoints (issue 14) -------------------------------------------------------------
     def checkpoint_due(self) -> bool:
         """Whether to checkpoint now: ``checkpoint_rows`` rows or ``checkpoint_events`` events were
-        logged since the last one, and the backlog is small (its chunks are written too; a quarter
-        of ``checkpoint_rows``), or twice that much was logged (a backlog that does not drain: the
-        state file then holds at most about twice ``checkpoint_rows`` logged rows plus a checkpoint
-        with the backlog, at most ``max_backlog_rows``)."""
+        logged since the last one, and the backlog (whose chunks the checkpoint holds) is small: at
+        most a quarter of ``checkpoint_rows`` rows, or at most half the rows the checkpoint drops from
+        the log (a backlog that does not drain: each checkpoint then still shrinks the state file, which
+        stays within a few times ``max(checkpoint_rows, max_backlog_rows)`` rows)."""
         if self.store is None or not hasattr(self.store, "write_checkpoint"):
             return False
-
-        def past(n: int, limit: int, times: int = 1) -> bool:
-            return bool(limit) and n >= times * limit
-
-        due = past(self._logged_rows, self.checkpoint_rows) or past(self._logged_events, self.checkpoint_events)
-        if not due:
+        rows, events = self._logged_rows, self._logged_events
+        if not ((self.checkpoint_rows and rows >= self.checkpoint_rows)
+                or (self.checkpoint_events and events >= self.checkpoint_events)):
             return False
-        return (self._backlog_rows <= self.checkpoint_rows // 4
-                or past(self._logged_rows, self.checkpoint_rows, 2) or past(self._logged_events, self.checkpoint_events, 2))
+        return self._backlog_rows <= max(self.checkpoint_rows // 4, rows // 2)
 
     def snapshot(self) -> "checkpoint.Snapshot":
         """This master's state as of the newest logged event (take it under ``cond``; every logged
@@ -467,18 +464,21 @@ class MasterCore:
         t0 = time.perf_counter()
         with self.cond:
             snap = self.snapshot()
+            self.checkpoint_running = True
         sizes: list[int] = []
         try:
             dropped = self.store.write_checkpoint(snap.upto_seq, checkpoint.encode(snap, sizes))
         except Exception:
             with self.cond:
                 self.checkpoint_failures += 1
+                self.checkpoint_running = False
             raise
         rows, events = snap.meta["logged"]
         with self.cond:
             self._logged_rows -= rows
             self._logged_events -= events
             self.checkpoints += 1
+            self.checkpoint_running = False
             self.last_checkpoint = {"upto_seq": snap.upto_seq, "events_dropped": dropped,
                                     "bytes": sum(sizes), "chunks": len(snap.chunks),
                                     "seconds": round(time.perf_counter() - t0, 3)}
@@ -1201,6 +1201,11 @@ class MasterCore:
                                                               "checkpoints": self.checkpoints,
                                                               "checkpoint_failures": self.checkpoint_failures,
                                                               "events_since_checkpoint": self._logged_events,
+                                                              "checkpoint_running": int(self.checkpoint_running),
+                                                              "last_checkpoint_bytes":
+                                                                  int(self.last_checkpoint.get("bytes", 0)),
+                                                              "last_checkpoint_ms":
+                                                                  int(1000 * self.last_checkpoint.get("seconds", 0)),
                                                               "queries": sum(i.revoked_after is None
                                                                              for i in self.queries.values())},
             })
