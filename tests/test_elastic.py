@@ -1,4 +1,5 @@
-"""Add a worker during a run: it receives chunks within one refresh of joining, and the
+"""Add a worker during a run: it receives chunks within one refresh of joining (plus at most one chunk
+period that ready chunks may linger while input arrives faster than a job takes), and the
 output still equals the reference.
 
 A one-worker group runs two queries over a stream that keeps coming; a second
@@ -36,6 +37,7 @@ from .test_cluster_e2e import PASSWORD, write_config
 pytestmark = pytest.mark.slow
 
 REFRESH = 1.0  # the master's dispatch refresh (its group table is synced from heartbeats at least this often)
+CHUNK_PERIOD = 1.0  # one instant per chunk, one-second instants: the longest a ready chunk lingers
 QUERIES = [
     "SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid",
     "SELECT sid, bp FROM Vitals [RANGE 2 seconds] WHERE bp > 120",
@@ -125,7 +127,9 @@ def test_added_worker_receives_chunks_within_one_refresh(tmp_path):
         waited = first_chunk_at - joined_at
         print(f"added worker {new_sid}: first chunk {waited:.2f} s after it joined (slowest status poll "
               f"{slowest_poll:.2f} s)")
-        assert waited <= REFRESH + slowest_poll + 0.1, (waited, slowest_poll)
+        # one refresh to be seen, plus the dispatch's linger: while input arrives faster than a job takes,
+        # ready chunks gather for up to one chunk period before they go out (MasterCore._holding)
+        assert waited <= REFRESH + CHUNK_PERIOD + slowest_poll + 0.1, (waited, slowest_poll)
         assert json.loads(ready.read_text())["address"] == new_sid
 
         # let both workers share the stream a little longer, then finish and compare
