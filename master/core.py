@@ -155,6 +155,11 @@ def _fits(chunk: Chunk, results: list[ChunkResult]) -> bool:
     return True
 
 
+def _query_number(qid: str) -> int:
+    """The number of query id ``qN`` (ids continue after the largest after a restart)."""
+    return int(qid.lstrip("q") or 0)
+
+
 def _limit(config, name: str, default: int) -> int:
     """``[limits] name`` of ``config`` (``default`` for a config without that section)."""
     return int(getattr(getattr(config, "limits", None), name, default))
@@ -254,9 +259,7 @@ class MasterCore:
         with self.cond:
             for text, cq in zip(texts, compiled):
                 out.append(self._start_query(f"q{next(self._qids)}", text, user, cq))
-                if self.store is not None:
-                    self.store.append("register", {"query_id": out[-1].query_id, "owner": user, "text": text})
-                    self._logged_events += 1
+                self._append("register", {"query_id": out[-1].query_id, "owner": user, "text": text})
         return out
 
     def _start_query(self, qid: str, text: str, user: str, cq=None) -> QueryInfo:
@@ -279,9 +282,13 @@ class MasterCore:
         self._refresh_ended()
 
     def _log_stop(self, info: QueryInfo, reason: str) -> None:
+        self._append("remove", {"query_id": info.query_id, "revoked_after": info.revoked_after,
+                                "reason": reason, "state": info.state, "error": info.error})
+
+    def _append(self, kind: str, body: dict) -> None:
+        """Log one event (counted toward the next checkpoint); nothing without a store."""
         if self.store is not None:
-            self.store.append("remove", {"query_id": info.query_id, "revoked_after": info.revoked_after,
-                                         "reason": reason, "state": info.state, "error": info.error})
+            self.store.append(kind, body)
             self._logged_events += 1
 
     def owned(self, user: str) -> list[str]:
@@ -323,7 +330,7 @@ class MasterCore:
         is applied, so a restart declares it again.  Returns (the stream's view, whether it is new):
         the same declaration again changes nothing; another one for an existing name, or a bad one,
         raises :class:`Refused` (``bad_stream``) with one line."""
-        from strata.config import StreamError, stream_of
+        from strata.config import StreamError, stream_of, with_streams
 
         with self.cond:
             have = self.config.stream(name) if isinstance(name, str) else None
@@ -339,7 +346,7 @@ class MasterCore:
             if log:
                 self._log([("stream", {"name": schema.name, "columns": [list(c) for c in schema.columns]}, None)],
                           what="stream")
-            self.config = replace(self.config, streams={**self.config.streams, schema.name: schema})
+            self.config = with_streams(self.config, [schema])
             self.pipeline.add_stream(self.config)
             self.added_streams[schema.name] = schema.columns
             return self._stream_view(schema), True
@@ -366,10 +373,8 @@ class MasterCore:
             qids = [q for q, i in self.queries.items() if i.owner == user and i.revoked_after is None]
             for q in qids:
                 self._stop_query(q, upto, "revoked")
-                if self.store is not None:
-                    self.store.append("remove", {"query_id": q, "revoked_after": upto, "reason": reason,
-                                                 "state": "revoked", "error": ""})
-                    self._logged_events += 1
+                self._append("remove", {"query_id": q, "revoked_after": upto, "reason": reason,
+                                        "state": "revoked", "error": ""})
             self.revocations += bool(qids)
             self.cond.notify_all()
             return qids
@@ -408,7 +413,7 @@ class MasterCore:
             for ev in self.store.events(after=after):
                 if ev.kind == "register":
                     self._start_query(ev.body["query_id"], ev.body["text"], ev.body["owner"])
-                    top = max(top, int(ev.body["query_id"].lstrip("q") or 0))
+                    top = max(top, _query_number(ev.body["query_id"]))
                     n["queries"] += 1
                 elif ev.kind == "remove":
                     state = ev.body.get("state") or ("cancelled" if ev.body.get("reason") == "cancelled" else "revoked")
@@ -501,7 +506,7 @@ class MasterCore:
             info.results = snap.results.get(info.query_id, [])
             info.kept_rows = sum(r.rows.num_rows for r in info.results)
             self.queries[info.query_id] = info
-            top = max(top, int(info.query_id.lstrip("q") or 0))
+            top = max(top, _query_number(info.query_id))
         self.last_input_ts, self.last_output_ts = meta["last_input_ts"], meta["last_output_ts"]
         self._finished = bool(meta["finished"])
         self._admit(snap.chunks)

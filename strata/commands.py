@@ -518,13 +518,10 @@ def producer_id(args, inputs_specs: list[str], level: str, rows: int) -> str:
 def with_master_streams(cfg, c):
     """``cfg`` plus the streams the master behind client ``c`` declares that ``cfg`` does not (added at
     run time with ``strata streams add``)."""
-    from dataclasses import replace
+    from .config import StreamSchema, with_streams
 
-    from .config import StreamSchema
-
-    extra = {s.name: StreamSchema(s.name, tuple((a.name, a.type) for a in s.attributes))
-             for s in client_call(c.streams) if cfg.stream(s.name) is None}
-    return replace(cfg, streams={**cfg.streams, **extra}) if extra else cfg
+    return with_streams(cfg, (StreamSchema(s.name, tuple((a.name, a.type) for a in s.attributes))
+                              for s in client_call(c.streams)))
 
 
 def parse_schema(text: str) -> list[tuple[str, str]]:
@@ -539,25 +536,28 @@ def parse_schema(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def _attributes_text(info) -> str:
+    """A stream's attributes as ``a=type`` pairs (a ``StreamInfo`` reply)."""
+    return ",".join(f"{a.name}={a.type}" for a in info.attributes)
+
+
 def cmd_streams(args) -> int:
-    """``strata streams add --name N --schema a=type,...`` (operator) and ``strata streams list``."""
-    missing = [f"--{n}" for n in ("config", "master", "user") if not getattr(args, n, None)]
-    if missing:
-        raise CliError(f"strata streams needs {', '.join(missing)}", EXIT_REJECTED)
+    """``strata streams add --name N --schema a=type,...`` (operator) and ``strata streams list``
+    (argparse requires --config, --master and --user for both)."""
     if args.action == "add":
         attrs = parse_schema(args.schema)
     c = login(args.master, args.user, _client_level(args), client_tls(args))
     try:
         if args.action == "add":
             info = client_call(c.add_stream, args.name, attrs)
-            cols = ", ".join(f"{a.name}={a.type}" for a in info.attributes)
-            progress(f"stream {info.name} " + ("declared" if info.created else "already declared so") + f": {cols}")
+            progress(f"stream {info.name} " + ("declared" if info.created else "already declared so") +
+                     f": {_attributes_text(info).replace(',', ', ')}")
             return EXIT_OK
         for s in client_call(c.streams):
             row = {"stream": s.name, "attributes": {a.name: a.type for a in s.attributes},
                    "added": "run time" if s.added else "config"}
             print(json.dumps(row) if args.format == "json" else
-                  f"{s.name}\t{','.join(f'{a.name}={a.type}' for a in s.attributes)}\t{row['added']}")
+                  f"{s.name}\t{_attributes_text(s)}\t{row['added']}")
         return EXIT_OK
     finally:
         c.close()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,13 @@ class Config:
         if self.path is None:
             raise ConfigError("this configuration was not loaded from a file; it has no users file")
         return self.path.with_name(self.path.stem + ".users.json")
+
+
+def with_streams(config: Config, schemas) -> Config:
+    """``config`` plus those of ``schemas`` (:class:`StreamSchema` s) whose names it does not declare
+    (streams added at run time: ``strata streams add``); ``config`` itself when there are none."""
+    extra = {s.name: s for s in schemas if config.stream(s.name) is None}
+    return replace(config, streams={**config.streams, **extra}) if extra else config
 
 
 def load_config(path: str | Path) -> Config:

@@ -61,6 +61,15 @@ def _batches(config, streams, rnd):
     return steps
 
 
+def _case(data, config, max_instants: int):
+    """A level, 1-3 random queries at it, random streams, a chunk length and a seeded random source."""
+    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
+    texts = [data.draw(queries(config, level), label=f"query{i}") for i in range(data.draw(st.integers(1, 3)))]
+    streams = data.draw(multistream(config, max_instants=max_instants), label="streams")
+    k = data.draw(st.sampled_from([1, 2, 3]), label="chunk_instants")
+    return level, texts, streams, k, random.Random(data.draw(st.integers(0, 2**32), label="seed"))
+
+
 def _stored(meta, tables):
     """Through JSON and Arrow IPC, as a checkpoint stores them."""
     return json.loads(json.dumps(meta)), {k: from_ipc(to_ipc(t), max_bytes=None) for k, t in tables.items()}
@@ -70,11 +79,7 @@ def _stored(meta, tables):
 @given(data=st.data())
 def test_an_imported_chunker_cuts_what_the_original_cuts(battlefield, data):
     config = battlefield
-    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
-    texts = [data.draw(queries(config, level), label=f"query{i}") for i in range(data.draw(st.integers(1, 3)))]
-    streams = data.draw(multistream(config, max_instants=8), label="streams")
-    k = data.draw(st.sampled_from([1, 2, 3]), label="chunk_instants")
-    rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
+    level, texts, streams, k, rnd = _case(data, config, max_instants=8)
     compiled = {f"q{i + 1}": compile_query(t, config, level) for i, t in enumerate(texts)}
     steps = _batches(config, streams, rnd)
     at = data.draw(st.integers(0, len(steps)), label="checkpoint after step")
@@ -328,25 +333,19 @@ def _run_with_restarts(config, level, texts, streams, executors, k, rnd, path: P
         h.in_flight, h.stale = [], []
         restarts += 1
 
-    tables = inputs_of(config, streams)
-    instants = sorted({r["ts"] for rows in streams.values() for r in rows})
-    sent = {s: 0 for s in tables}
-    for tau in instants:
-        for s, t in tables.items():
-            ts = t.column("ts").to_pylist()
-            end = sum(1 for x in ts if x <= tau)
-            if end > sent[s]:
-                h.core.ingest(s, t.slice(sent[s], end - sent[s]), None)
-                sent[s] = end
-        if rnd.random() < 0.6:
-            h.core.advance(upto_ts=tau)
-        for _ in range(rnd.choice([0, 1, 2])):
-            h.step()
-        if rnd.random() < 0.3:
-            restart()
-    h.core.advance(finish=True)
-    if rnd.random() < 0.5:
-        restart()
+    for kind, a, b in _batches(config, streams, rnd):
+        if kind == "push":
+            h.core.ingest(a, b, None)
+        elif kind == "close":
+            h.core.advance(upto_ts=a)
+            for _ in range(rnd.choice([0, 1, 2])):
+                h.step()
+            if rnd.random() < 0.4:
+                restart()
+        else:
+            h.core.advance(finish=True)
+            if rnd.random() < 0.5:
+                restart()
     h.drain()
     event(f"restarts: {min(restarts, 3)}, after a checkpoint: {min(checkpoints, 3)}")
     out = {}
@@ -366,11 +365,7 @@ def test_restarts_from_checkpoints_equal_reference(battlefield, engines, data):
     from strata.worker.shared import SharedExecutor
 
     config = battlefield
-    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
-    texts = [data.draw(queries(config, level), label=f"query{i}") for i in range(data.draw(st.integers(1, 3)))]
-    streams = data.draw(multistream(config, max_instants=10), label="streams")
-    k = data.draw(st.sampled_from([1, 2, 3]), label="chunk_instants")
-    rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
+    level, texts, streams, k, rnd = _case(data, config, max_instants=10)
     executors = [SharedExecutor(e, config, enabled=True) for e in engines[id(config)][:2]]
     with tempfile.TemporaryDirectory() as d:
         out = _run_with_restarts(config, level, texts, streams, executors, k, rnd, Path(d) / "m.sqlite")

@@ -64,14 +64,9 @@ class WorkerCore:
     def _config_for(self, streams: tuple):
         """This worker's configuration plus the streams a chunk says were added at run time (the
         master declares them: ``strata streams add``); a stream of the configuration keeps its schema."""
-        if not streams:
-            return self.config
-        from dataclasses import replace
+        from strata.config import StreamSchema, with_streams
 
-        from strata.config import StreamSchema
-
-        extra = {n: StreamSchema(n, tuple(cols)) for n, cols in streams if self.config.stream(n) is None}
-        return replace(self.config, streams={**self.config.streams, **extra}) if extra else self.config
+        return with_streams(self.config, (StreamSchema(n, tuple(cols)) for n, cols in streams))
 
     def _compile(self, spec: QuerySpecData, streams: tuple = ()) -> CompiledQuery:
         key = (spec.text, spec.level, streams)
