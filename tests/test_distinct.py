@@ -82,7 +82,9 @@ def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # no
     from strata.worker.shared import SharedExecutor
 
     texts = ["RSTREAM(SELECT DISTINCT sid FROM Vitals [RANGE 2 SECONDS])", "SELECT DISTINCT sid FROM Vitals",
-             "DSTREAM(SELECT DISTINCT sid FROM Vitals [ROWS 2])"]
+             "DSTREAM(SELECT DISTINCT sid FROM Vitals [ROWS 2])",
+             # an ISTREAM aggregate over the unbounded window (hypothesis found it classified monotone)
+             "SELECT ISTREAM sid, COUNT(*), COUNT(DISTINCT sid) FROM Vitals GROUP BY sid"]
     executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
     for level in ("U", "S"):
         out = run_distributed(battlefield, level, texts, inputs_of(battlefield, {"Vitals": ROWS}), executors,
@@ -129,6 +131,9 @@ def test_count_distinct_compiles_prints_back_and_has_no_running_state(battlefiel
     cq = compile_query("SELECT sid, count(distinct bp * 2) FROM Vitals GROUP BY sid", battlefield, "S")
     assert "COUNT(DISTINCT bp * 2)" in cq.rewritten and to_text(parse(cq.rewritten)) == cq.rewritten
     assert cq.legacy_mode.value == "history"  # no running state for a set: the history travels
+    # ISTREAM of an aggregate is not monotone: the history travels too (it was NONE, a failing chunk)
+    istream = "SELECT ISTREAM sid, COUNT(DISTINCT sid) FROM Vitals GROUP BY sid"
+    assert compile_query(istream, battlefield, "S").legacy_mode.value == "history"
     assert compile_query("SELECT sid, COUNT(bp) FROM Vitals GROUP BY sid", battlefield, "S").legacy_mode.value == "state"
     with pytest.raises(QueryError, match=r"SUM\(DISTINCT \.\.\.\) is not supported yet"):
         compile_query("SELECT SUM(DISTINCT bp) FROM Vitals", battlefield, "S")

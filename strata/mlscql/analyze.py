@@ -139,9 +139,11 @@ def legacy_mode(cq) -> LegacyMode:
     if "unbounded" not in kinds:
         return LegacyMode.WINDOW
     if len(kinds) == 1:
-        if cq.is_aggregate and not any(a.distinct for s in cq.query.select or () for a in A.aggregates_in(s.expr)) \
-                and not any(a.distinct for a in A.aggregates_in(cq.query.having)):
-            return LegacyMode.STATE  # (a COUNT(DISTINCT) has no running state: the history travels)
+        if cq.is_aggregate:
+            if any(a.distinct for s in cq.query.select or () for a in A.aggregates_in(s.expr)) \
+                    or any(a.distinct for a in A.aggregates_in(cq.query.having)):
+                return LegacyMode.HISTORY  # a COUNT(DISTINCT) has no running state: the history travels
+            return LegacyMode.STATE
         if cq.r2s in ("ISTREAM", "DSTREAM"):
             return LegacyMode.NONE
     return LegacyMode.HISTORY
