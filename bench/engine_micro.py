@@ -257,6 +257,13 @@ def run_ab(args) -> str:
                         ("RANGE 10 s GROUP BY, 1 instant x 20k (+9 legacy)", rng[0], 1),
                         ("RANGE 10 s GROUP BY, 25 instants x 20k (+9 legacy)", rng[0], 25)):
         compare(label, {"interpreted session": alone(interp), "code-generating session": alone(codegen)}, [q], k, 20000)
+    undeclared = Engine(spark, cfg, single=False)
+    for label, q, k, per in (("ROWS 100 GROUP BY, 1 instant x 20k (pruned)", four[1], 1, 20000),
+                             ("RANGE 10 s GROUP BY, 1 instant x 2k (+9 legacy)", rng[0], 1, 2000)):
+        compare(label, {"one partition declared (coalesce(1))": alone(base),
+                        "undeclared (exchange before aggregating)": alone(undeclared)}, [q], k, per)
+    compare("RANGE 10 s GROUP BY, 1 instant x 2k (+9 legacy)",
+            {"interpreted session": alone(interp), "code-generating session": alone(codegen)}, rng, 1, 2000)
     batch10k = Engine(spark, cfg)
     batch10k.PARTITION_ROWS = 10_000  # Spark's default record batch: one partition per 10,000 rows
     compare("RANGE 10 s GROUP BY, 25 instants x 20k: input partitions",

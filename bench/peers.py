@@ -270,16 +270,74 @@ def range_comparison(tuples: int = 1_000_000, per_instant: int = 20_000, chunk_l
     return out
 
 
-def record(res: dict) -> None:
-    """Keep ``res`` in docs/benchmarks/results.json as ``range_peers`` (dated, with the load range)."""
+def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> dict:
+    """The user's path: ``strata replay --level TS --workers 2 --chunk-seconds 1`` (an embedded
+    cluster per run, default settings otherwise, nothing injected) of battlefield CSVs of ``tuples``
+    and ``small`` tuples with ``RANGE10_QUERY``, against Structured Streaming in this process's warm
+    session on the same data (default trigger: every file in one micro-batch), runs interleaved.
+    Each side's cost of the extra ``tuples - small`` tuples is the difference of the medians:
+    Strata's from the replay's own ``process`` timing (after the cluster is ready; its start-up is
+    reported apart), Structured Streaming's from its query time.  Every output is checked against
+    DuckDB on every instant (the replay's written CSV with levels)."""
+    import json
+    import os
+    import statistics
+
+    import pyarrow.csv as pcsv
+
+    from bench import userpath as U
+
+    d = Path(tempfile.mkdtemp(prefix="strata-range-cli-"))
+    try:
+        cfg = U.setup(d)
+        files = U.write_inputs(d, [small, tuples])
+        from bench.workloads import vitals
+
+        tables = {n: vitals(n, U.PER_INSTANT) for n in (small, tuples)}
+        expected = {n: duckdb_range10(t)[0] for n, t in tables.items()}
+        instants = {n: set(int(x) for x in np.unique(t.column("ts").to_numpy())) for n, t in tables.items()}
+        out = {"tuples": tuples, "small": small, "strata": [], "sss": [], "load": []}
+        for r in range(runs):
+            for n in ((small, tuples) if r % 2 == 0 else (tuples, small)):
+                out["load"].append(round(os.getloadavg()[0], 2))
+                csv, tf = d / f"out_{n}_{r}.csv", d / f"t_{n}_{r}.json"
+                cmd = U.STRATA + ["replay", "--config", str(cfg), "--user", "jane", "--level", "TS", "--query",
+                                  RANGE10_QUERY, "--input", f"Vitals={files[n]}", "--output", str(csv), "--timings",
+                                  str(tf), "--workers", "2", "--chunk-seconds", "1"]
+                run = U.run_cmd(cmd, U._env())
+                t = json.loads(tf.read_text())
+                check_range10(expected[n], pcsv.read_csv(csv), f"strata replay {n:,}", instants[n], levels=True)
+                out["strata"].append({"tuples": n, "seconds": run["seconds"], "cpu_seconds": run["cpu_seconds"],
+                                      "start": t.get("start"), "process": t.get("process")})
+                m = sss_range10(tables[n], 10 ** 6)
+                check_range10(expected[n], m.pop("rows"), f"Structured Streaming {n:,}", instants[n], levels=False)
+                out["sss"].append({"tuples": n, **m})
+                print(f"run {r + 1}, {n:,} tuples: strata replay {run['seconds']:.2f} s (start-up {t.get('start')} s, "
+                      f"processing {t.get('process')} s), Structured Streaming {m['seconds']:.2f} s", flush=True)
+
+        def med(side, n, key):
+            return statistics.median(x[key] for x in out[side] if x["tuples"] == n)
+
+        out["strata_extra_seconds"] = round(med("strata", tuples, "process") - med("strata", small, "process"), 3)
+        out["sss_extra_seconds"] = round(med("sss", tuples, "seconds") - med("sss", small, "seconds"), 3)
+        out["ratio"] = round(out["sss_extra_seconds"] / out["strata_extra_seconds"], 2) \
+            if out["strata_extra_seconds"] > 0 else None
+        out["strata_start"] = med("strata", small, "start")
+        return out
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def record(res: dict, key: str = "range_peers") -> None:
+    """Keep ``res`` in docs/benchmarks/results.json as ``key`` (dated, with the load range)."""
     import datetime
     import json
 
     path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "results.json"
     doc = json.loads(path.read_text()) if path.exists() else {}
-    loads = [x for c in res["configs"] for x in c.get("load", [])]
-    doc["range_peers"] = {**res, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                          "load": f"{min(loads):g}-{max(loads):g}" if loads else "?"}
+    loads = [x for c in res.get("configs", [res]) for x in c.get("load", [])]
+    doc[key] = {**res, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "load": f"{min(loads):g}-{max(loads):g}" if loads else "?"}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -297,7 +355,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--record", action="store_true",
                     help="also keep them in docs/benchmarks/results.json (range_peers) for the README's headline")
+    ap.add_argument("--cli", action="store_true",
+                    help="the user's path instead: `strata replay` vs Structured Streaming (range_cli)")
     args = ap.parse_args(argv)
+    if args.cli:
+        res = range_cli(args.tuples, runs=args.runs)
+        if args.record:
+            record(res, "range_cli")
+        print(f"\nstrata replay (processing after ready) {res['strata_extra_seconds']} s vs Structured Streaming "
+              f"{res['sss_extra_seconds']} s for the extra {args.tuples - res['small']:,} tuples: {res['ratio']}x; "
+              f"every output checked against DuckDB on every instant")
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     res = range_comparison(args.tuples, args.per_instant, args.chunks, args.runs)
     if args.record:
         record(res)

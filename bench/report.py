@@ -159,11 +159,23 @@ def _log_size(me: dict) -> str:
             "docs/operations.md *Master restart*).")
 
 
-def _range_headline(rp: dict | None) -> str:
+def _range_cli(rc: dict | None) -> str:
+    """The user's path (``python -m bench.peers --cli --record``), as a clause of the RANGE headline."""
+    if not rc or not rc.get("ratio"):
+        return ""
+    return (f". On the user's path (`strata replay`, 2 workers, defaults; processing after ready) "
+            f"**{rc['ratio']:.1f}x{' (met)' if rc['ratio'] >= 3 else ' (not met)'}**: {rc['strata_extra_seconds']} s "
+            f"against Structured Streaming's {rc['sss_extra_seconds']} s in a warm session for the extra "
+            f"{rc['tuples'] - rc['small']:,} tuples, both checked against DuckDB (`python -m bench.peers --cli`, "
+            f"{rc.get('date', '?')}, load {rc.get('load', '?')})")
+
+
+def _range_headline(rp: dict | None, rc: dict | None = None) -> str:
     """RANGE 10 s vs Structured Streaming (``python -m bench.peers --record``): per chunk / micro-batch
     length, the median speed ratio of the warm runs (the first run of each is cold), and whether it
     reaches 3x."""
     head = "* RANGE 10 s windows vs Structured Streaming's sliding window (target ≥ 3x): "
+    cli = _range_cli(rc)
     if not rp or not rp.get("configs"):
         return head + "not measured here; `python -m bench.peers --record`."
     parts, met = [], []
@@ -178,8 +190,8 @@ def _range_headline(rp: dict | None) -> str:
     verdict = "met" if all(met) else ("met at " + ", ".join(str(c["chunk_instants"]) for c, m in zip(rp["configs"], met) if m)
                                        + " instants per chunk only" if any(met) else "not met")
     return (head + f"**{verdict}**: " + "; ".join(parts) + f" on the engine path, one process, every run checked "
-            f"against DuckDB (`python -m bench.peers`, {rp.get('date', '?')}, load {rp.get('load', '?')}); analysis "
-            "in *Issue 13 targets on the default path* below.")
+            f"against DuckDB (`python -m bench.peers`, {rp.get('date', '?')}, load {rp.get('load', '?')}){cli}; "
+            "analysis in *Issue 13 targets on the default path* below.")
 
 
 def _overhead_pairs(ov: dict) -> dict:
@@ -303,7 +315,7 @@ def _headlines(res: dict) -> list[str]:
         if os_:
             L.append(f"* MLS overhead, Table 9.7 protocol: **{min(os_):+.2f} % to {max(os_):+.2f} %** (target < 1 %: "
                      f"{'met' if max(os_) < 1 else 'not met'}){_when(ov)}.")
-    L.append(_range_headline(res.get("range_peers")))
+    L.append(_range_headline(res.get("range_peers"), res.get("range_cli")))
     return ["## Headlines (issue 13's targets)", ""] + L + [""] if L else []
 
 

@@ -67,6 +67,12 @@ def stream_schema(schema) -> pa.Schema:
 # per query / item bookkeeping
 
 
+
+def _boundary(tau: int, slide: int | None) -> int:
+    """The last slide boundary at or before ``tau`` (``tau`` itself without SLIDE): where the RANGE
+    window at ``tau`` ends, so its legacy starts ``T - 1`` instants before."""
+    return int(tau) if slide is None else (int(tau) // slide) * slide
+
 @dataclass
 class _Item:
     stream: str
@@ -78,6 +84,7 @@ class _Item:
     level_set: pa.Array
     schema: pa.Schema
     levels: frozenset = frozenset()  # level_set as a set (canonical names)
+    slide: int | None = None  # RANGE … SLIDE S: S in instants (the window at τ ends at ⌊τ/S⌋·S)
     #: levels whose arrivals are instants besides ``levels`` (the window's set before Alg. 4 narrowed it)
     instant_levels: frozenset = frozenset()
     extra_ts: list = field(default_factory=list)  # list[np.ndarray]: ts of such arrivals not yet cut
@@ -290,6 +297,7 @@ class Chunker:
                     kind=kind,
                     rows=w.rows,
                     range_t=w.range_instants(self.config.instant_seconds) if kind == "range" else None,
+                    slide=w.slide_instants(self.config.instant_seconds) if kind == "range" else None,
                     partition_by=part,
                     unbounded_mode=mode if kind == "unbounded" else None,
                     level_set=pa.array(sorted(w.levels), pa.string()),
@@ -559,9 +567,9 @@ class Chunker:
         if kind == "partition":
             return _partition_tail(h, it.partition_by, it.rows or 0)
         if kind == "range":
-            lo = tau_a - it.range_t + 1
+            lo = _boundary(tau_a, it.slide) - it.range_t + 1
             if istream and prev is not None:
-                lo = min(lo, prev - it.range_t + 1)
+                lo = min(lo, _boundary(prev, it.slide) - it.range_t + 1)
             return _slice_ts(h, lo=lo)
         if kind == "now":
             if istream and prev is not None:
@@ -588,9 +596,9 @@ class Chunker:
             elif kind == "partition":
                 h = _partition_tail(h, it.partition_by, it.rows or 0)
             elif kind == "range":
-                lo = boundary - it.range_t + 1
+                lo = _boundary(boundary, it.slide) - it.range_t + 1
                 if istream and q.last_instant is not None:
-                    lo = min(lo, q.last_instant - it.range_t + 1)
+                    lo = min(lo, _boundary(q.last_instant, it.slide) - it.range_t + 1)
                 h = _slice_ts(h, lo=lo)
             elif kind == "now":
                 h = _slice_ts(h, lo=q.last_instant) if istream and q.last_instant is not None else h.slice(0, 0)

@@ -256,7 +256,8 @@ class _Gen:
         if join:
             kinds = ("rows", "rows", "now", "now", "partition", "partition_level", "range_small")
         else:
-            kinds = ("rows", "range", "unbounded", "none", "now", "partition", "partition_level", "range_units")
+            kinds = ("rows", "range", "unbounded", "none", "now", "partition", "partition_level", "range_units",
+                     "range_slide")
         kind = self.pick(kinds)
         if kind == "none":
             ref.wset = frozenset(self.dom)
@@ -268,6 +269,10 @@ class _Gen:
         elif kind == "range":
             unit = self.pick(("", " " + self.kw("seconds"), " " + self.kw("second"), " " + self.kw("secs")))
             spec = f"{self.kw('range')} {self.d(st.integers(1, 4))}{unit}"
+        elif kind == "range_slide":  # RANGE T SLIDE S: T and S of 1-5 instants (S < T, = T or > T)
+            unit = self.pick(("", " " + self.kw("seconds")))
+            slide = self.pick((f"{self.d(st.integers(1, 3))}{unit}", "2000 ms", "1500 MILLISECONDS"))
+            spec = f"{self.kw('range')} {self.d(st.integers(1, 5))}{unit} {self.kw('slide')} {slide}"
         elif kind == "range_small":
             spec = f"{self.kw('range')} 1"
         elif kind == "range_units":

@@ -46,11 +46,25 @@ def test_distinct_compiles_to_a_grouping_and_prints_back(battlefield):
 
 
 @pytest.mark.parametrize("text", ["SELECT DISTINCT COUNT(*) FROM Vitals [ROWS 3]",
-                                  "SELECT DISTINCT sid FROM Vitals [ROWS 3] GROUP BY sid",
+                                  "SELECT DISTINCT sid FROM Vitals [ROWS 3] GROUP BY sid, pr",
                                   "SELECT DISTINCT sid FROM Vitals [ROWS 3] GROUP BY sid HAVING COUNT(*) > 1"])
-def test_distinct_with_grouping_is_refused_in_one_line(battlefield, text):
-    with pytest.raises(QueryError, match="SELECT DISTINCT cannot be combined with GROUP BY, HAVING or aggregates"):
-        compile_query(text, battlefield, "S")
+def test_distinct_over_groups_compiles_and_prints_back(battlefield, text):
+    cq = compile_query(text, battlefield, "S")
+    assert cq.query.distinct_rows and cq.rewritten.startswith("SELECT DISTINCT ")
+    assert ("GROUP BY" in cq.rewritten) == ("GROUP BY" in text)
+    assert to_text(parse(cq.rewritten)) == cq.rewritten
+    assert compile_query(cq.rewritten, battlefield, "S").rewritten == cq.rewritten
+    # grouping by exactly the select list is the plain DISTINCT
+    assert not compile_query("SELECT DISTINCT sid FROM Vitals GROUP BY sid", battlefield, "S").query.distinct_rows
+
+
+def test_distinct_over_groups_keeps_one_row_per_value_at_the_lub(battlefield):
+    q = "RSTREAM(SELECT DISTINCT COUNT(*) AS n FROM Vitals [RANGE 2 SECONDS] GROUP BY sid)"
+    # at 3: a has its U row of instant 2, b its C and S rows; at 4: b (S) and c (U) have one row each
+    rows = ROWS[:3] + [{"ts": 2, "level": "U", "sid": "a", "bp": 100.0, "pr": 1.0, "weight": 1.0}] + ROWS[3:]
+    got = evaluate(q, battlefield, "S", {"Vitals": rows})
+    assert sorted(r for r in got if r[0] == 3) == [(3, "S", 2), (3, "U", 1)]
+    assert [r for r in got if r[0] == 4] == [(4, "S", 1)]  # b's S row and c's U row: one value, lub S
 
 
 def test_distinct_is_still_authorized(battlefield):
@@ -110,15 +124,32 @@ def distinct_queries(draw, config, level):
     return text
 
 
-_COUNT = re.compile(r"\b(count)\s*\((?!\s*\*)(?!\s*distinct\b)", re.I)
+_AGG = {f: re.compile(rf"\b({f})\s*\((?!\s*\*)(?!\s*distinct\b)", re.I) for f in ("count", "sum", "avg")}
+
+
+@st.composite
+def distinct_grouped_queries(draw, config, level):
+    """A random aggregate query made SELECT DISTINCT (distinct over its groups' rows)."""
+    text = draw(queries(config, level))
+    if re.search(r"\bdistinct\b", text, re.I) is None:
+        text = _SELECT.sub(lambda m: m.group(0) + " DISTINCT", text, count=1)
+    try:
+        cq = compile_query(text, config, config.lattice.parse(level))
+    except QueryError:
+        assume(False)
+    assume(cq.query.distinct_rows)
+    return text
 
 
 @st.composite
 def count_distinct_queries(draw, config, level):
-    """A random aggregate query with one of its COUNT(x) made COUNT(DISTINCT x)."""
+    """A random aggregate query with one of its COUNT(x), SUM(x) or AVG(x) made DISTINCT."""
     text = draw(queries(config, level))
-    if re.search(r"count\s*\(\s*distinct\b", text, re.I) is None:
-        text, n = _COUNT.subn(lambda m: m.group(0) + "DISTINCT ", text, count=1)
+    if re.search(r"(count|sum|avg)\s*\(\s*distinct\b", text, re.I) is None:
+        funcs = [f for f, rx in _AGG.items() if rx.search(text)]
+        assume(funcs)
+        f = draw(st.sampled_from(funcs), label="made distinct")
+        text, n = _AGG[f].subn(lambda m: m.group(0) + "DISTINCT ", text, count=1)
         assume(n == 1)
     try:
         compile_query(text, config, config.lattice.parse(level))
@@ -135,13 +166,44 @@ def test_count_distinct_compiles_prints_back_and_has_no_running_state(battlefiel
     istream = "SELECT ISTREAM sid, COUNT(DISTINCT sid) FROM Vitals GROUP BY sid"
     assert compile_query(istream, battlefield, "S").legacy_mode.value == "history"
     assert compile_query("SELECT sid, COUNT(bp) FROM Vitals GROUP BY sid", battlefield, "S").legacy_mode.value == "state"
-    with pytest.raises(QueryError, match=r"SUM\(DISTINCT \.\.\.\) is not supported yet"):
-        compile_query("SELECT SUM(DISTINCT bp) FROM Vitals", battlefield, "S")
+    # MIN/MAX(DISTINCT x) is MIN/MAX(x); SUM/AVG(DISTINCT x) print back and carry the history
+    assert "MIN(bp)" in compile_query("SELECT MIN(DISTINCT bp) FROM Vitals", battlefield, "S").rewritten
+    s = compile_query("SELECT SUM(DISTINCT bp), AVG(DISTINCT bp) FROM Vitals", battlefield, "S")
+    assert "SUM(DISTINCT bp), AVG(DISTINCT bp)" in s.rewritten and s.legacy_mode.value == "history"
     q = "SELECT sid, COUNT(DISTINCT bp) AS n FROM Vitals [RANGE 2 SECONDS] GROUP BY sid"
     rows = ROWS[:3] + [{"ts": 2, "level": "U", "sid": "a", "bp": 100.0, "pr": 1.0, "weight": 1.0}] + ROWS[3:]
     assert sorted(evaluate(q, battlefield, "S", {"Vitals": rows})) == sorted([
         (1, "S", "a", 2), (2, "S", "a", 2), (2, "C", "b", 1), (3, "U", "a", 1), (3, "S", "b", 2), (4, "S", "b", 1),
         (4, "U", "c", 1)])  # at 3 the window holds a's U 100 of instant 2 only
+
+
+def test_sum_and_avg_distinct_add_each_value_once(battlefield):
+    q = "RSTREAM(SELECT sid, SUM(DISTINCT bp) AS s, AVG(DISTINCT bp) AS a FROM Vitals [RANGE 2 SECONDS] GROUP BY sid)"
+    rows = ROWS[:3] + [{"ts": 2, "level": "U", "sid": "a", "bp": 100.0, "pr": 1.0, "weight": 1.0}] + ROWS[3:]
+    got = {(t, sid): (lv, s, a) for t, lv, sid, s, a in evaluate(q, battlefield, "S", {"Vitals": rows})}
+    assert got[(2, "a")] == ("S", 220.0, 110.0)  # 100 (twice) and 120
+    assert got[(3, "a")] == ("U", 100.0, 100.0) and got[(3, "b")] == ("S", 185.0, 92.5)
+
+
+@pytest.mark.spark
+def test_distinct_sums_of_longs_through_chunks(chinese_wall, engines):  # noqa: F811
+    """SUM(DISTINCT) of a 64-bit attribute is exact, and fails at the instant its sum leaves the range."""
+    from strata.worker.shared import SharedExecutor
+
+    base = {"serviceId": "s", "msgType": "m", "sender": "x", "receiver": "y", "outcome": "ok"}
+    big = 2**62
+    log = [{"ts": 1, "level": "[1,A]", **base, "timestamp": big}, {"ts": 1, "level": "[1,A]", **base, "timestamp": big},
+           {"ts": 2, "level": "[1,A]", **base, "timestamp": 3}, {"ts": 3, "level": "[1,A]", **base, "timestamp": 2**63 - 2}]
+    texts = ["SELECT SUM(DISTINCT timestamp), AVG(DISTINCT timestamp), COUNT(DISTINCT timestamp) "
+             "FROM MessageLog [RANGE 2 SECONDS]"]
+    level = "[1,A]"
+    executors = [SharedExecutor(e, chinese_wall) for e in engines[id(chinese_wall)][:2]]
+    out = run_distributed(chinese_wall, level, texts, inputs_of(chinese_wall, {"MessageLog": log}), executors,
+                          chunk_instants=1, rnd=random.Random(1))
+    expected = evaluate_outcome(texts[0], chinese_wall, level, {"MessageLog": log})
+    assert expected.error_ts == 3 and out["q1"].error_ts == 3  # 2**62 + 3 fits; 3 + 2**63 - 2 does not
+    compare_results(out["q1"].rows, expected.rows)
+    assert [r[2] for r in expected.rows] == [big, big + 3]
 
 
 @pytest.mark.spark
@@ -152,7 +214,7 @@ def test_random_distinct_queries_equal_reference(battlefield, chinese_wall, engi
 
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
-    form = data.draw(st.sampled_from([distinct_queries, count_distinct_queries]), label="form")
+    form = data.draw(st.sampled_from([distinct_queries, count_distinct_queries, distinct_grouped_queries]), label="form")
     texts = [data.draw(form(config, level), label=f"query{i}") for i in range(data.draw(st.integers(1, 2)))]
     streams = data.draw(multistream(config), label="streams")
     k = data.draw(st.integers(1, 3), label="chunk_instants")

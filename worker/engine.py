@@ -107,8 +107,8 @@ from strata.mlscql.analyze import CompiledQuery
 from strata.mlscql.printer import expr_text
 
 from .expr import INTEGRAL, SPARK_TYPES, SqlCompiler, conjuncts, ident, level_of_mask
-from .windows import (TAU, end_array, end_sql, in_instants_sql, instants_sql, membership_sql, successor_sql,
-                      useful_rows)
+from .windows import (TAU, end_array, end_sql, in_instants_sql, instants_sql, membership_sql, slides, start_array,
+                      start_sql, successor_sql, useful_rows)
 
 __all__ = ["Engine", "EngineError", "result_schema", "describe_error", "is_infrastructure_error"]
 
@@ -120,6 +120,7 @@ ERR = "_err"
 #: a normalized exact SUM ``hi * 2**32 + lo`` (0 <= lo < 2**32) fits a long iff hi is in this range
 _HI_RANGE = f"BETWEEN {-(2**31)} AND {2**31 - 1}"
 _LO_MASK = "CAST(4294967295 AS BIGINT)"
+_LONG_RANGE = f"BETWEEN CAST({-(2**63)} AS DECIMAL(38,0)) AND CAST({2**63 - 1} AS DECIMAL(38,0))"
 _TWO32 = "CAST(4294967296 AS DOUBLE)"
 _LONG_MIN = -(2**63)
 
@@ -139,7 +140,7 @@ def result_schema(cq: CompiledQuery) -> pa.Schema:
 class _Partial:
     name: str  # column in partial/state tables
     kind: str  # cnt | sum | shi | slo | min | max | set  (shi/slo: exact SUM of a 64-bit argument;
-    #            set: the distinct non-NULL values, for COUNT(DISTINCT))
+    #            set: the distinct non-NULL values, for COUNT/SUM/AVG(DISTINCT))
     arg: int  # index into the distinct aggregate arguments
 
 
@@ -230,7 +231,7 @@ class Engine:
 
     #: Spark input rows (all tables of a chunk, after pruning) up to which a chunk runs in the
     #: interpreted session (see :meth:`session_for`)
-    SMALL_ROWS = 20_000
+    SMALL_ROWS = 2_000
     #: SQL settings of that session: no whole-stage code generation, interpreted expressions
     INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
                         "spark.sql.ansi.enabled": "false"}
@@ -245,7 +246,7 @@ class Engine:
     BATCH_MAX_ROWS = 2_000_000
 
     def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None,
-                 batch: bool = True, code_keys: bool = True):
+                 batch: bool = True, code_keys: bool = True, single: bool = True):
         if membership not in ("arrow", "spark"):
             raise ValueError("membership must be 'arrow' or 'spark'")
         self.spark = spark
@@ -261,6 +262,9 @@ class Engine:
         #: string GROUP BY keys travel to Spark as dictionary codes where that cannot change the answer
         #: (:meth:`_Run._coded_keys`)
         self.code_keys = bool(code_keys)
+        #: an input table of one partition is declared so (``coalesce(1)``): Spark's plan then
+        #: satisfies every required distribution without an exchange
+        self.single = bool(single)
         self._cores: int | None = None
         self.preagg_factor = self.PREAGG_FACTOR
         self.preagg_min_rows = self.PREAGG_MIN_ROWS
@@ -402,7 +406,14 @@ class Engine:
                     dfs[k] = df
                     break
             else:
-                dfs[k] = session.createDataFrame(self._partitioned(t))
+                part = self._partitioned(t)
+                df = session.createDataFrame(part)
+                if self.single and part.num_rows <= self.PARTITION_ROWS:
+                    # one partition Spark knows of: aggregates, joins and differences need no
+                    # shuffle, one stage instead of two or three (a pruned ROWS chunk grouped by
+                    # sid: 0.12 s instead of 0.15, docs/benchmarks/README.md "Engine A/B")
+                    df = df.coalesce(1)
+                dfs[k] = df
                 made.append((t, dfs[k]))
         return session.sql(text, **dfs)
 
@@ -483,9 +494,12 @@ class Engine:
 
         Compiling Java for every stage (whole-stage codegen; the instants are literals,
         so each chunk's code is new) costs more than it saves on the few hundred rows a
-        pruned ROWS-window chunk holds: interpreted execution was 1.5-2x faster for such
-        chunks (bench/NOTES.md).  Small chunks therefore run in a second session of the
-        same SparkContext with code generation off; larger ones in the main session.
+        pruned ROWS-window chunk holds, so tiny chunks run in a second session of the same
+        SparkContext with code generation off; larger ones in the main session.  Since input
+        tables of one partition are declared so (no shuffle), the two sessions cost the same on a
+        pruned ROWS chunk (~5 ms apart), while at 20,000 rows (a RANGE chunk of one instant
+        of 2,000 tuples plus its legacy) the interpreted one took 165-172 ms of execution
+        against 67-70 ms: hence a threshold of 2,000 rows (it was 20,000 before).
         """
         if rows > self.small_rows:
             return self.spark
@@ -512,6 +526,8 @@ def _col(i: int, name: str) -> str:
 def _span(window: A.Window, instant_seconds: float) -> int | None:
     """T of a window whose intervals are ``[ts, ts + T)`` (RANGE T, NOW), else None."""
     if window.kind == "range":
+        if window.slide_instants(instant_seconds) is not None:
+            return None  # intervals from a slide boundary to another (windows.start_array)
         return int(window.range_instants(instant_seconds))
     if window.kind == "now":
         return 1
@@ -592,6 +608,7 @@ class _Run:
         self.key_parts: list[_Part] = []
         self.arg_parts: list[_Part] = []
         self.sum_sites: list[tuple[int, int]] = []  # (argument, code) of SUMs of 64-bit arguments
+        self.dsum_sites: list[tuple[int, int]] = []  # ... and of SUM(DISTINCT)s of them
         self.having_parts: list[_Part] = []
         if self.cq.is_aggregate:
             self.key_parts = [self._part(comp, g, "in GROUP BY") for g in self.q.group_by]
@@ -601,6 +618,10 @@ class _Run:
             for k, a in enumerate(args):
                 if self.arg_types[k] in INTEGRAL and A.Aggregate("SUM", a) in self._aggregates():
                     self.sum_sites.append((k, self._site(f": SUM({self._text(a)}) is outside the 64-bit range")))
+            for k, a in enumerate(args):
+                if self.arg_types[k] in INTEGRAL and A.Aggregate("SUM", a, True) in self._aggregates():
+                    self.dsum_sites.append(
+                        (k, self._site(f": SUM(DISTINCT {self._text(a)}) is outside the 64-bit range")))
             fin = SqlCompiler(self.lattice, self._ungrouped, self._subst, column_type=self._type)
             self.having_parts = [self._part(fin, c, "in HAVING") for c in conjuncts(self.q.having)]
             self.select_parts = [self._part(fin, s.expr, "in SELECT") for s in self.q.select]
@@ -728,10 +749,12 @@ class _Run:
         ts = table.column(key("ts")).cast(pa.int64()).to_numpy()
         keep = None
         end = None
+        start = ts
         if window is not None:
             parts = [table.column(key(c)) for c in window.partition_by]
             end = end_array(window, ts, parts, self.e.config.instant_seconds)
-            keep = useful_rows(ts, end, self.evals)
+            start = start_array(window, ts, self.e.config.instant_seconds)
+            keep = useful_rows(start, end, self.evals)
         if ts_in is not None:
             keep = np.isin(ts, np.asarray(ts_in, dtype=np.int64))
         if ts_after is not None:
@@ -741,12 +764,13 @@ class _Run:
             table = table.filter(mask)
             if end is not None:
                 end = end[keep]
+                start = start[keep]
         self.rows_in += table.num_rows
         if end is None:
             self.explode += table.num_rows
             self._cover_known = False
         else:
-            pairs, cover = _members(ts if keep is None else ts[keep], end, self.evals)
+            pairs, cover = _members(start, end, self.evals)
             self.explode += pairs
             self.covered = cover if self.covered is None else self.covered & cover
 
@@ -763,6 +787,9 @@ class _Run:
         if end is not None and end_column:
             arrays.append(pa.array(end, pa.int64()))
             names.append(f"i{i}___end")
+        if end is not None and slides(window, self.e.config.instant_seconds):
+            arrays.append(pa.array(start, pa.int64()))
+            names.append(f"i{i}___start")
         for name, typ in schema.columns:
             if name in needed:
                 col = table.column(key(name)).cast(ARROW_TYPES[typ])
@@ -818,9 +845,12 @@ class _Run:
             if arrow:
                 end = None if f.window.kind == "unbounded" else (
                     _col(i, "_end") if span is None else f"({ts} + CAST({span} AS BIGINT))")
+                if slides(f.window, self.e.config.instant_seconds):
+                    ts = _col(i, "_start")  # where the tuple's interval of instants starts
             else:
                 end = end_sql(f.window, ts, _col(i, "_seq"), [_col(i, c) for c in f.window.partition_by],
                               self.e.config.instant_seconds)
+                ts = start_sql(f.window, ts, self.e.config.instant_seconds)
             sources.append((src, cols, ts, end))
         cond = self._filter(self.where_parts)
         where = f" WHERE {cond}" if cond else ""
@@ -1012,8 +1042,8 @@ class _Run:
             if e.arg is None:
                 return ROWS
             k = self._args().index(e.arg)
-            if e.distinct:  # COUNT(DISTINCT): the size of the set (none: no rows, 0)
-                return f"(CASE WHEN a{k}_set IS NULL THEN CAST(0 AS BIGINT) ELSE CAST(size(a{k}_set) AS BIGINT) END)"
+            if e.distinct:
+                return self._over_set(e.func, k)
             exact = self.arg_types[k] in INTEGRAL
             if e.func == "AVG":
                 if exact:  # the exact sum, rounded once to a double, over the count
@@ -1027,6 +1057,28 @@ class _Run:
             if e == g:
                 return self._group_names()[j]
         return None
+
+    def _distinct_sum(self, k: int) -> str:
+        """SQL: the sum of argument ``k``'s set of distinct values (NULL for no set).  64-bit
+        integers are summed exactly as DECIMAL(38, 0) (out of the 64-bit range: a failure of the
+        group, :meth:`_finalize`); doubles in ascending order, so every worker gets the same bits."""
+        s = f"a{k}_set"
+        if self.arg_types[k] in INTEGRAL:
+            return f"aggregate({s}, CAST(0 AS DECIMAL(38,0)), (_da, _dx) -> _da + CAST(_dx AS DECIMAL(38,0)))"
+        return f"aggregate(array_sort({s}), CAST(0.0 AS DOUBLE), (_da, _dx) -> _da + CAST(_dx AS DOUBLE))"
+
+    def _over_set(self, func: str, k: int) -> str:
+        """COUNT/SUM/AVG(DISTINCT) from the set partial: its size (0 without rows), its sum and the
+        sum over its size (NULL when the set is missing or empty, as SQL's SUM and AVG of no value)."""
+        s, n = f"a{k}_set", f"size(a{k}_set)"
+        if func == "COUNT":
+            return f"(CASE WHEN {s} IS NULL THEN CAST(0 AS BIGINT) ELSE CAST({n} AS BIGINT) END)"
+        total = self._distinct_sum(k)
+        if func == "SUM":
+            val = f"CAST({total} AS BIGINT)" if self.arg_types[k] in INTEGRAL else total
+        else:  # AVG: the exact sum rounded once to a double, over the count
+            val = f"(CAST({total} AS DOUBLE) / CAST({n} AS DOUBLE))"
+        return f"(CASE WHEN {s} IS NULL OR {n} = 0 THEN NULL ELSE {val} END)"
 
     def _finalize(self, partials: str) -> str:
         """Partials per (_tau, keys) → relation (_tau, _mask, o.., _err) after HAVING and the select list.
@@ -1061,7 +1113,8 @@ class _Run:
                     for k in exact]
             source = self._cte("n", f"SELECT *, {', '.join(norm)} FROM {source}")
         # failures of every group: its rows' (WHERE, keys, arguments), its SUMs out of range
-        sums = self._err_case([], [(f"(a{k}_hi NOT {_HI_RANGE})", code) for k, code in self.sum_sites])
+        sums = self._err_case([], [(f"(a{k}_hi NOT {_HI_RANGE})", code) for k, code in self.sum_sites]
+                              + [(f"({self._distinct_sum(k)} NOT {_LONG_RANGE})", code) for k, code in self.dsum_sites])
         failed = [x for x in (ERR if self.row_err else None, sums) if x]
         failed = None if not failed else failed[0] if len(failed) == 1 else f"coalesce({', '.join(failed)})"
         # HAVING keeps a group whose conjuncts are TRUE or failed (then a failure of the group)
@@ -1074,7 +1127,13 @@ class _Run:
             later = [x for x in (failed, self._err_case(self.having_parts), self._err_case(self.select_parts)) if x]
             err = f"coalesce({', '.join(later)})" if len(later) > 1 else (later[0] if later else "CAST(NULL AS INT)")
             err = f", {err} AS {ERR}"
-        return self._cte("r", f"SELECT {TAU}, {MASK}, {self._select_list()}{err} FROM {source}{having}")
+        rel = self._cte("r", f"SELECT {TAU}, {MASK}, {self._select_list()}{err} FROM {source}{having}")
+        if not self.q.distinct_rows:
+            return rel
+        # SELECT DISTINCT over the groups' rows: one per value tuple, at the lub of the rows it stands for
+        keys = [TAU] + [f"o{k}" for k in range(len(self.cq.outputs))] + ([ERR] if self.checked else [])
+        return self._cte("d", f"SELECT {TAU}, bit_or({MASK}) AS {MASK}, {', '.join(keys[1:])} FROM {rel} "
+                              f"GROUP BY {', '.join(keys)}")
 
     def _every_instant_has_rows(self) -> bool:
         """Whether the aggregation without GROUP BY has a group at every evaluated instant on its

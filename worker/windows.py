@@ -56,7 +56,9 @@ def end_sql(window: A.Window, ts: str, seq: str, partition: list[str], instant_s
     if kind == "now":
         return f"({ts} + 1)"
     if kind == "range":
-        return f"({ts} + {window.range_instants(instant_seconds)})"
+        end = f"({ts} + {window.range_instants(instant_seconds)})"
+        slide = window.slide_instants(instant_seconds)
+        return end if slide is None else f"({end} + pmod(-{end}, {slide}))"  # the next boundary ≥ ts + T
     if kind in ("rows", "partition"):
         n = int(window.rows)
         if n <= 0:
@@ -64,6 +66,26 @@ def end_sql(window: A.Window, ts: str, seq: str, partition: list[str], instant_s
         parts = ", ".join(partition) if kind == "partition" and partition else "0"
         return f"lead({ts}, {n}) OVER (PARTITION BY {parts} ORDER BY {seq})"
     raise ValueError(f"unknown window kind {kind!r}")
+
+
+def start_sql(window: A.Window, ts: str, instant_seconds: float) -> str:
+    """SQL for the first instant of each tuple's interval: ``ts``, or with ``RANGE T SLIDE S`` the
+    first slide boundary at or after ``ts`` (the window at τ is the RANGE window at ``⌊τ/S⌋·S``, so
+    a tuple is in it from the first boundary that reaches it until the first one at or after
+    ``ts + T``: the interval ``[⌈ts/S⌉·S, ⌈(ts+T)/S⌉·S)``)."""
+    slide = window.slide_instants(instant_seconds) if window.kind == "range" else None
+    return ts if slide is None else f"({ts} + pmod(-{ts}, {slide}))"
+
+
+def start_array(window: A.Window, ts: np.ndarray, instant_seconds: float) -> np.ndarray:
+    """:func:`start_sql` in NumPy."""
+    slide = window.slide_instants(instant_seconds) if window.kind == "range" else None
+    return ts if slide is None else ts + np.mod(-ts, slide)
+
+
+def slides(window: A.Window | None, instant_seconds: float) -> bool:
+    """Whether ``window`` is a ``RANGE … SLIDE`` window (its intervals do not start at ``ts``)."""
+    return window is not None and window.kind == "range" and window.slide_instants(instant_seconds) is not None
 
 
 def end_array(window: A.Window, ts: np.ndarray, partition: list[pa.ChunkedArray], instant_seconds: float) -> np.ndarray:
@@ -81,7 +103,9 @@ def end_array(window: A.Window, ts: np.ndarray, partition: list[pa.ChunkedArray]
     if kind == "now":
         return ts + 1
     if kind == "range":
-        return ts + window.range_instants(instant_seconds)
+        end = ts + window.range_instants(instant_seconds)
+        slide = window.slide_instants(instant_seconds)
+        return end if slide is None else end + np.mod(-end, slide)  # the next boundary ≥ ts + T
     if kind not in ("rows", "partition"):
         raise ValueError(f"unknown window kind {kind!r}")
     rows = int(window.rows)

@@ -109,6 +109,8 @@ class CompiledQuery:
                 d["rows"] = w.rows
             if w.kind == "range":
                 d["range"] = {"amount": w.range_amount, "unit": w.range_unit}
+                if w.slide_amount is not None:
+                    d["slide"] = {"amount": w.slide_amount, "unit": w.slide_unit}
             if w.partition_by:
                 d["partition_by"] = list(w.partition_by)
             if w.instants is not None:  # Alg. 4 narrowed the window; the instants are these levels' arrivals
@@ -131,7 +133,7 @@ def legacy_mode(cq) -> LegacyMode:
 
     Bounded windows (ROWS, RANGE, NOW, PARTITION BY) always carry a bounded
     per-item legacy.  With a ``[RANGE UNBOUNDED]`` item: one item with an
-    aggregate, none of them COUNT(DISTINCT) → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
+    aggregate, none of them COUNT/SUM/AVG(DISTINCT) → STATE; one item, no aggregate, ISTREAM/DSTREAM → NONE (the
     result only changes by the rows of new tuples); anything else → HISTORY
     (every visible tuple of the unbounded items is legacy).
     """
@@ -142,7 +144,7 @@ def legacy_mode(cq) -> LegacyMode:
         if cq.is_aggregate:
             if any(a.distinct for s in cq.query.select or () for a in A.aggregates_in(s.expr)) \
                     or any(a.distinct for a in A.aggregates_in(cq.query.having)):
-                return LegacyMode.HISTORY  # a COUNT(DISTINCT) has no running state: the history travels
+                return LegacyMode.HISTORY  # a set of distinct values is no running state: the history travels
             return LegacyMode.STATE
         if cq.r2s in ("ISTREAM", "DSTREAM"):
             return LegacyMode.NONE
@@ -191,14 +193,12 @@ class _Analyzer:
             select, outputs = self._select_list(q.select)
 
         is_agg = bool(group_by) or having is not None or any(A.aggregates_in(s.expr) for s in select)
-        if q.distinct:
-            if is_agg:
-                raise SemanticError("SELECT DISTINCT cannot be combined with GROUP BY, HAVING or aggregates yet "
-                                    "(group by the select list instead)")
+        if q.distinct and not is_agg:
             # one row per distinct value tuple at the lub of its rows: exactly a grouping by the select list
             # (docs/semantics.md); printed back as SELECT DISTINCT
             group_by, is_agg = tuple(s.expr for s in select), True
         elif is_agg:
+            # (with DISTINCT: the grouped rows, then one per distinct value tuple; A.Query.distinct_rows)
             if q.select is None:
                 raise SemanticError("SELECT * cannot be combined with GROUP BY, HAVING or aggregates")
             for s in select:
@@ -325,10 +325,9 @@ class _Analyzer:
                 raise SemanticError(f"{ctx}: {e.func} needs a numeric argument, got {t}")
             if e.func in ("MIN", "MAX") and t == "boolean":
                 raise SemanticError(f"{ctx}: {e.func} of a boolean is not supported")
-            if e.distinct and e.func != "COUNT":
-                raise SemanticError(f"{ctx}: {e.func}(DISTINCT ...) is not supported yet; COUNT(DISTINCT ...) is")
             out_t = {"COUNT": "long", "AVG": "double"}.get(e.func, "long" if t == "timestamp" and e.func == "SUM" else t)
-            return A.Aggregate(e.func, arg, e.distinct), out_t
+            # MIN/MAX(DISTINCT x) is MIN/MAX(x): the flag is dropped (and a running state stays possible)
+            return A.Aggregate(e.func, arg, e.distinct and e.func in ("COUNT", "SUM", "AVG")), out_t
         if isinstance(e, A.Unary):
             x, t = self._expr(e.operand, ctx, allow_agg, in_agg)
             if e.op == "NOT":

@@ -82,7 +82,7 @@ class IsNull:
 class Aggregate:
     func: str  # one of AGGREGATES
     arg: "Expr | None"  # None means COUNT(*)
-    distinct: bool = False  # COUNT(DISTINCT x): the number of distinct non-NULL values
+    distinct: bool = False  # COUNT/SUM/AVG(DISTINCT x): over the distinct non-NULL values
 
 
 Expr = Union[Column, Literal, LevelLiteral, Unary, Binary, InList, DominatedBy, IsNull, Aggregate]
@@ -108,6 +108,19 @@ class Window:
     #: level set as Alg. 3 rewrote it, kept when Alg. 4 narrows ``clause`` with a WHERE level
     #: condition (SEMANTICS §5: optimization never changes the instants); None: ``clause``'s
     instants: tuple[str, ...] | None = None
+    #: ``RANGE T SLIDE S``: the window at τ is the RANGE window at the last slide boundary
+    #: ``⌊τ / S⌋·S`` (SEMANTICS: evaluated at slide boundaries); None: no SLIDE (S = 1 instant)
+    slide_amount: float | None = None
+    slide_unit: str | None = None
+
+    def slide_instants(self, instant_seconds: float) -> int | None:
+        """``S`` of ``SLIDE amount unit`` in instants (rounded up like :meth:`range_instants`), or
+        None without SLIDE; a slide of one instant is no slide at all."""
+        if self.slide_amount is None:
+            return None
+        secs = float(self.slide_amount) * UNIT_SECONDS[(self.slide_unit or "seconds").lower()]
+        s = max(0, math.ceil(round(secs / float(instant_seconds), 9)))
+        return None if s == 1 else s
 
     def range_instants(self, instant_seconds: float) -> int:
         """``T`` of ``RANGE amount unit`` in instants: ``ceil(amount * unit / instant_seconds)``.
@@ -159,6 +172,17 @@ class Query:
     #: SELECT DISTINCT: one row per distinct value tuple, at the lub of the rows it stands for. After
     #: analysis ``group_by`` holds the select list's expressions (the engine groups by them)
     distinct: bool = False
+
+    @property
+    def distinct_rows(self) -> bool:
+        """SELECT DISTINCT over grouped rows (GROUP BY other than the select list, aggregates or
+        HAVING): the groups' rows are made distinct after the grouping.  Without those, the
+        analyzer's grouping by the select list is the whole of DISTINCT."""
+        if not self.distinct:
+            return False
+        plain = tuple(s.expr for s in self.select or ())
+        return (self.having is not None or self.group_by != plain
+                or any(aggregates_in(s.expr) for s in self.select or ()))
 
 
 def children(e: Expr) -> list[Expr]:

@@ -92,6 +92,13 @@ def _check_window(w: A.Window, ctx: str, max_ts: int, instant_seconds: float) ->
             raise LimitError(f"{spec} is about {span:.3g} instants; at most {max_ts} ([limits] max_ts)")
         if w.range_instants(instant_seconds) < 1:
             raise LimitError(f"{spec} spans no instant (one instant is {instant_seconds:g} s)")
+        if w.slide_amount is not None:
+            slide = float(w.slide_amount) * A.UNIT_SECONDS[(w.slide_unit or "seconds").lower()] / float(instant_seconds)
+            sspec = f"{ctx}: SLIDE {_float_text(float(w.slide_amount))} {(w.slide_unit or 'seconds').lower()}"
+            if not math.isfinite(slide) or slide > max_ts:
+                raise LimitError(f"{sspec} is longer than any limit (at most {max_ts} instants: [limits] max_ts)")
+            if slide <= 0:
+                raise LimitError(f"{sspec} must be positive")
 
 
 def _int_text(v: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from functools import lru_cache
 from importlib import resources
 
@@ -88,7 +90,7 @@ class _ToAst(Transformer):
         if clause is not None:
             if spec.clause is not None:
                 raise ParseError("a window has two level clauses")
-            spec = A.Window(spec.kind, spec.rows, spec.range_amount, spec.range_unit, spec.partition_by, clause)
+            spec = dataclasses.replace(spec, clause=clause)
         return spec
 
     def w_rows(self, n):
@@ -101,6 +103,11 @@ class _ToAst(Transformer):
         # the length is bounded in instants by the analyzer (limits.py)
         unit = _UNITS[str(unit).lower()] if unit else "seconds"
         return A.Window("range", range_amount=float(amount), range_unit=unit)
+
+    def w_range_slide(self, amount, unit, slide, slide_unit):
+        w = self.w_range(amount, unit)
+        return dataclasses.replace(w, slide_amount=float(slide),
+                                   slide_unit=_UNITS[str(slide_unit).lower()] if slide_unit else "seconds")
 
     def w_now(self):
         return A.Window("now")

@@ -94,6 +94,8 @@ def window_text(w: A.Window) -> str:
         spec = f"ROWS {w.rows}"
     elif w.kind == "range":
         spec = f"RANGE {_amount(w.range_amount)} {w.range_unit}"
+        if w.slide_amount is not None:
+            spec += f" SLIDE {_amount(w.slide_amount)} {w.slide_unit}"
     elif w.kind == "unbounded":
         spec = "RANGE UNBOUNDED"
     elif w.kind == "now":
@@ -127,7 +129,7 @@ def to_text(q: A.Query) -> str:
     text = head + sel + " FROM " + ", ".join(items)
     if q.where is not None:
         text += " WHERE " + expr_text(q.where)
-    if q.group_by and not q.distinct:  # DISTINCT: the analyzer's grouping by the select list
+    if q.group_by and (not q.distinct or q.distinct_rows):  # else the analyzer's grouping by the select list
         text += " GROUP BY " + ", ".join(expr_text(g) for g in q.group_by)
     if q.having is not None:
         text += " HAVING " + expr_text(q.having)

@@ -386,7 +386,11 @@ class _Evaluator:
             return upto[len(upto) - w.rows:] if len(upto) > w.rows else upto
         if kind == "range":
             span = range_instants(w.range_amount, w.range_unit, self.config.instant_seconds)
-            return [t for t in upto if t["ts"] > tau - span]
+            end = tau
+            if getattr(w, "slide_amount", None) is not None:  # the RANGE window at the last slide boundary
+                slide = range_instants(w.slide_amount, w.slide_unit, self.config.instant_seconds)
+                end = (tau // slide) * slide
+            return [t for t in upto if end - span < t["ts"] <= end]
         if kind == "partition":
             attrs = [_canon_attr(it.schema, a) for a in w.partition_by]
             parts: dict[tuple, list[int]] = defaultdict(list)
@@ -423,6 +427,8 @@ class _Evaluator:
                 vals = self._ok([self.eval(a.arg, r) for r in grp], "an aggregate argument")
                 if a.func == "SUM":
                     vals = [v for v in vals if v is not None]
+                    if getattr(a, "distinct", False):
+                        vals = list(set(vals))
                     if vals and all(_is_int(v) for v in vals) and _checked(sum(vals)) is FAILED:
                         raise _Failure(f"integer overflow: SUM is outside the 64-bit range at {tau}")
         for grp in groups.values():
@@ -431,7 +437,7 @@ class _Evaluator:
                 continue
             lvl = self.lat.lub_all(t["level"] for r in grp for t in r)
             out.append((lvl, *self._ok(self.select_values(rep, grp), "SELECT")))
-        return out
+        return self._distinct(out) if q.distinct else out
 
     def _distinct(self, rows: list[tuple]) -> list[tuple]:
         """SELECT DISTINCT: one row per distinct value tuple, its level the lub of the levels of the
@@ -594,8 +600,8 @@ class _Evaluator:
             return len(group)
         vals = [self.eval(e.arg, r) for r in group]
         vals = [v for v in vals if v is not None]
-        if e.func == "COUNT" and getattr(e, "distinct", False):
-            return len(set(vals))  # SQL equality: 0.0 and -0.0 are one value (so are they in a Python set)
+        if getattr(e, "distinct", False):
+            vals = list(set(vals))  # SQL equality: 0.0 and -0.0 are one value (so are they in a Python set)
         if e.func == "COUNT":
             return len(vals)
         if not vals:
