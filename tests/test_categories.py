@@ -31,6 +31,10 @@ QUERIES = [
     "SELECT sid, bp FROM Vitals [ROWS 3] WHERE level DOMINATED BY '(C, {NATO})'",
     "SELECT COUNT(*) FROM Vitals [NOW level in {U, '(S,{NATO})'}]",
     "ISTREAM(SELECT sid, MAX(bp) FROM Vitals [RANGE UNBOUNDED] GROUP BY sid)",
+    # issue 16's later forms through the CLI too
+    "SELECT sid, SUM(bp) FROM Vitals [RANGE 4 SECONDS SLIDE 2 SECONDS] GROUP BY sid",
+    "SELECT DISTINCT COUNT(*) AS n FROM Vitals [ROWS 4] GROUP BY sid",
+    "SELECT COUNT(DISTINCT sid), SUM(DISTINCT bp), AVG(DISTINCT bp) FROM Vitals [RANGE 3 SECONDS]",
 ]
 
 

@@ -411,7 +411,7 @@ class Engine:
                 if self.single and part.num_rows <= self.PARTITION_ROWS:
                     # one partition Spark knows of: aggregates, joins and differences need no
                     # shuffle, one stage instead of two or three (a pruned ROWS chunk grouped by
-                    # sid: 0.12 s instead of 0.15, docs/benchmarks/README.md "Engine A/B")
+                    # sid: 0.12 s instead of 0.15; bench/NOTES.md, RANGE entry of 2026-11-25 late)
                     df = df.coalesce(1)
                 dfs[k] = df
                 made.append((t, dfs[k]))
