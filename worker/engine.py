@@ -231,7 +231,7 @@ class Engine:
 
     #: Spark input rows (all tables of a chunk, after pruning) up to which a chunk runs in the
     #: interpreted session (see :meth:`session_for`)
-    SMALL_ROWS = 2_000
+    SMALL_ROWS = 20_000
     #: SQL settings of that session: no whole-stage code generation, interpreted expressions
     INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
                         "spark.sql.ansi.enabled": "false"}
@@ -494,12 +494,12 @@ class Engine:
 
         Compiling Java for every stage (whole-stage codegen; the instants are literals,
         so each chunk's code is new) costs more than it saves on the few hundred rows a
-        pruned ROWS-window chunk holds, so tiny chunks run in a second session of the same
-        SparkContext with code generation off; larger ones in the main session.  Since input
-        tables of one partition are declared so (no shuffle), the two sessions cost the same on a
-        pruned ROWS chunk (~5 ms apart), while at 20,000 rows (a RANGE chunk of one instant
-        of 2,000 tuples plus its legacy) the interpreted one took 165-172 ms of execution
-        against 67-70 ms: hence a threshold of 2,000 rows (it was 20,000 before).
+        pruned ROWS-window chunk holds, so small chunks run in a second session of the same
+        SparkContext with code generation off; larger ones in the main session.  Warm, at
+        20,000 rows (a RANGE chunk of one instant of 2,000 tuples plus its legacy) the
+        code-generating session executed in 67-70 ms against 165-172 ms; but a threshold of
+        2,000 rows made `./dev run`'s processing 3.9-4.0 s instead of 2.2-2.6 s (each new
+        statement shape compiled on a cold JVM), so it stays at 20,000 (bench/NOTES.md).
         """
         if rows > self.small_rows:
             return self.spark
