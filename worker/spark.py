@@ -31,6 +31,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from strata.serving import pid_alive
@@ -244,11 +245,46 @@ def build_archive(timeout: float = 600.0) -> Path | None:
         proc.wait(timeout=timeout)
         if proc.returncode == 0 and tmp.is_file() and tmp.stat().st_size > 0:
             os.replace(tmp, final)
+            prune_archives(d, keep=final)
             return final
         return None
     finally:
         tmp.unlink(missing_ok=True)
         lock.unlink(missing_ok=True)
+
+
+#: archives (~160 MB each, one per JVM options and classpath, i.e. per checkout and venv) kept in
+#: the cache besides the one just written: the most recently used ones ...
+KEEP_ARCHIVES = 3
+#: ... and any used within this many days
+KEEP_ARCHIVE_DAYS = 7.0
+
+
+def prune_archives(d: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the CDS archives of ``d`` that neither are ``keep``, nor among the
+    :data:`KEEP_ARCHIVES` most recently used (access or modification time), nor used within
+    :data:`KEEP_ARCHIVE_DAYS`.  A JVM that maps a removed archive keeps its mapping; the next
+    start of that checkout builds it again.  Returns what was removed."""
+    now = time.time() if now is None else now
+    olds = []
+    for p in d.glob("spark-*.jsa"):
+        if p == keep:
+            continue
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        olds.append((max(st.st_atime, st.st_mtime), p))
+    olds.sort(reverse=True)
+    gone = []
+    for used, p in olds[KEEP_ARCHIVES:]:
+        if now - used > KEEP_ARCHIVE_DAYS * 86400:
+            try:
+                p.unlink()
+                gone.append(p)
+            except OSError:
+                continue
+    return gone
 
 
 def get_session(master: str = "local[2]", app_name: str = "strata-worker", conf: dict | None = None,
