@@ -279,8 +279,6 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
     Strata's from the replay's own ``process`` timing (after the cluster is ready; its start-up is
     reported apart), Structured Streaming's from its query time.  Every output is checked against
     DuckDB on every instant (the replay's written CSV with levels)."""
-    import json
-    import os
     import statistics
 
     import pyarrow.csv as pcsv
@@ -299,14 +297,11 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
         out = {"tuples": tuples, "small": small, "strata": [], "sss": [], "load": []}
         for r in range(runs):
             for n in ((small, tuples) if r % 2 == 0 else (tuples, small)):
-                out["load"].append(round(os.getloadavg()[0], 2))
-                csv, tf = d / f"out_{n}_{r}.csv", d / f"t_{n}_{r}.json"
-                cmd = U.STRATA + ["replay", "--config", str(cfg), "--user", "jane", "--level", "TS", "--query",
-                                  RANGE10_QUERY, "--input", f"Vitals={files[n]}", "--output", str(csv), "--timings",
-                                  str(tf), "--workers", "2", "--chunk-seconds", "1"]
-                run = U.run_cmd(cmd, U._env())
-                t = json.loads(tf.read_text())
-                check_range10(expected[n], pcsv.read_csv(csv), f"strata replay {n:,}", instants[n], levels=True)
+                run = U.replay_once(cfg, d, files[n], f"{n}_{r}", query=RANGE10_QUERY, level="TS")
+                out["load"].append(run["load"])
+                t = run["timings"]
+                check_range10(expected[n], pcsv.read_csv(run["output"]), f"strata replay {n:,}", instants[n],
+                              levels=True)
                 out["strata"].append({"tuples": n, "seconds": run["seconds"], "cpu_seconds": run["cpu_seconds"],
                                       "start": t.get("start"), "process": t.get("process")})
                 m = sss_range10(tables[n], 10 ** 6)

@@ -147,9 +147,9 @@ def _env() -> dict:
 
 
 def replay_once(cfg: Path, d: Path, csv: Path, tag: str, extra: list[str] | None = None,
-                also: list[int] = ()) -> dict:
+                also: list[int] = (), query: str = QUERY, level: str = LEVEL) -> dict:
     out, tfile = d / f"out_{tag}.csv", d / f"timings_{tag}.json"
-    cmd = STRATA + ["replay", "--config", str(cfg), "--user", "jane", "--level", LEVEL, "--query", QUERY,
+    cmd = STRATA + ["replay", "--config", str(cfg), "--user", "jane", "--level", level, "--query", query,
                     "--input", f"Vitals={csv}", "--output", str(out), "--timings", str(tfile)] + (
         extra if extra is not None else ["--workers", "2", "--chunk-seconds", "1"])
     la = round(os.getloadavg()[0], 1)

@@ -67,11 +67,11 @@ def stream_schema(schema) -> pa.Schema:
 # per query / item bookkeeping
 
 
-
 def _boundary(tau: int, slide: int | None) -> int:
     """The last slide boundary at or before ``tau`` (``tau`` itself without SLIDE): where the RANGE
     window at ``tau`` ends, so its legacy starts ``T - 1`` instants before."""
     return int(tau) if slide is None else (int(tau) // slide) * slide
+
 
 @dataclass
 class _Item:

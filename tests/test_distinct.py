@@ -111,8 +111,9 @@ _SELECT = re.compile(r"\b(select)(\s+(?:istream|rstream|dstream)\b)?", re.I)
 
 
 @st.composite
-def distinct_queries(draw, config, level):
-    """A random query without aggregates or grouping, made SELECT DISTINCT."""
+def _made_distinct(draw, config, level, over_groups: bool):
+    """A random query made SELECT DISTINCT: one without aggregates or grouping (``over_groups``
+    False), or an aggregate one, whose groups' rows are made distinct."""
     text = draw(queries(config, level))
     if re.search(r"\bdistinct\b", text, re.I) is None:
         text = _SELECT.sub(lambda m: m.group(0) + " DISTINCT", text, count=1)
@@ -120,25 +121,19 @@ def distinct_queries(draw, config, level):
         cq = compile_query(text, config, config.lattice.parse(level))
     except QueryError:
         assume(False)
-    assume(cq.query.distinct)
+    assume(cq.query.distinct and cq.query.distinct_rows == over_groups)
     return text
+
+
+def distinct_queries(config, level):
+    return _made_distinct(config, level, over_groups=False)
+
+
+def distinct_grouped_queries(config, level):
+    return _made_distinct(config, level, over_groups=True)
 
 
 _AGG = {f: re.compile(rf"\b({f})\s*\((?!\s*\*)(?!\s*distinct\b)", re.I) for f in ("count", "sum", "avg")}
-
-
-@st.composite
-def distinct_grouped_queries(draw, config, level):
-    """A random aggregate query made SELECT DISTINCT (distinct over its groups' rows)."""
-    text = draw(queries(config, level))
-    if re.search(r"\bdistinct\b", text, re.I) is None:
-        text = _SELECT.sub(lambda m: m.group(0) + " DISTINCT", text, count=1)
-    try:
-        cq = compile_query(text, config, config.lattice.parse(level))
-    except QueryError:
-        assume(False)
-    assume(cq.query.distinct_rows)
-    return text
 
 
 @st.composite

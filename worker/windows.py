@@ -56,9 +56,7 @@ def end_sql(window: A.Window, ts: str, seq: str, partition: list[str], instant_s
     if kind == "now":
         return f"({ts} + 1)"
     if kind == "range":
-        end = f"({ts} + {window.range_instants(instant_seconds)})"
-        slide = window.slide_instants(instant_seconds)
-        return end if slide is None else f"({end} + pmod(-{end}, {slide}))"  # the next boundary ≥ ts + T
+        return _boundary_sql(f"({ts} + {window.range_instants(instant_seconds)})", window.slide_instants(instant_seconds))
     if kind in ("rows", "partition"):
         n = int(window.rows)
         if n <= 0:
@@ -73,19 +71,28 @@ def start_sql(window: A.Window, ts: str, instant_seconds: float) -> str:
     first slide boundary at or after ``ts`` (the window at τ is the RANGE window at ``⌊τ/S⌋·S``, so
     a tuple is in it from the first boundary that reaches it until the first one at or after
     ``ts + T``: the interval ``[⌈ts/S⌉·S, ⌈(ts+T)/S⌉·S)``)."""
-    slide = window.slide_instants(instant_seconds) if window.kind == "range" else None
-    return ts if slide is None else f"({ts} + pmod(-{ts}, {slide}))"
+    return _boundary_sql(ts, window.slide_instants(instant_seconds))
 
 
 def start_array(window: A.Window, ts: np.ndarray, instant_seconds: float) -> np.ndarray:
     """:func:`start_sql` in NumPy."""
-    slide = window.slide_instants(instant_seconds) if window.kind == "range" else None
-    return ts if slide is None else ts + np.mod(-ts, slide)
+    return _boundary_array(ts, window.slide_instants(instant_seconds))
 
 
 def slides(window: A.Window | None, instant_seconds: float) -> bool:
-    """Whether ``window`` is a ``RANGE … SLIDE`` window (its intervals do not start at ``ts``)."""
-    return window is not None and window.kind == "range" and window.slide_instants(instant_seconds) is not None
+    """Whether ``window`` is a ``RANGE … SLIDE`` window (its intervals do not start at ``ts``;
+    only the parser's RANGE windows carry a slide)."""
+    return window is not None and window.slide_instants(instant_seconds) is not None
+
+
+def _boundary_sql(x: str, slide: int | None) -> str:
+    """SQL: the first slide boundary (multiple of ``slide``) at or after ``x``; ``x`` without a slide."""
+    return x if slide is None else f"({x} + pmod(-{x}, {slide}))"
+
+
+def _boundary_array(x: np.ndarray, slide: int | None) -> np.ndarray:
+    """:func:`_boundary_sql` in NumPy."""
+    return x if slide is None else x + np.mod(-x, slide)
 
 
 def end_array(window: A.Window, ts: np.ndarray, partition: list[pa.ChunkedArray], instant_seconds: float) -> np.ndarray:
@@ -103,9 +110,7 @@ def end_array(window: A.Window, ts: np.ndarray, partition: list[pa.ChunkedArray]
     if kind == "now":
         return ts + 1
     if kind == "range":
-        end = ts + window.range_instants(instant_seconds)
-        slide = window.slide_instants(instant_seconds)
-        return end if slide is None else end + np.mod(-end, slide)  # the next boundary ≥ ts + T
+        return _boundary_array(ts + window.range_instants(instant_seconds), window.slide_instants(instant_seconds))
     if kind not in ("rows", "partition"):
         raise ValueError(f"unknown window kind {kind!r}")
     rows = int(window.rows)

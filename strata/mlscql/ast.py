@@ -96,6 +96,13 @@ class LevelClause:
     levels: tuple[str, ...]
 
 
+def _instants(amount: float, unit: str | None, instant_seconds: float) -> int:
+    """``amount unit`` in instants, rounded up: ``ceil(amount * unit / instant_seconds)``."""
+    secs = float(amount) * UNIT_SECONDS[(unit or "seconds").lower()]
+    # round away float noise (0.1 s over 0.1 s instants must stay 1, not become 2)
+    return max(0, math.ceil(round(secs / float(instant_seconds), 9)))
+
+
 @dataclass(frozen=True)
 class Window:
     kind: str  # rows | range | unbounded | now | partition
@@ -118,8 +125,7 @@ class Window:
         None without SLIDE; a slide of one instant is no slide at all."""
         if self.slide_amount is None:
             return None
-        secs = float(self.slide_amount) * UNIT_SECONDS[(self.slide_unit or "seconds").lower()]
-        s = max(0, math.ceil(round(secs / float(instant_seconds), 9)))
+        s = _instants(self.slide_amount, self.slide_unit, instant_seconds)
         return None if s == 1 else s
 
     def range_instants(self, instant_seconds: float) -> int:
@@ -128,9 +134,7 @@ class Window:
         The chunker (legacy) and the engine (window contents) must agree on it, so
         both call this.
         """
-        secs = float(self.range_amount) * UNIT_SECONDS[(self.range_unit or "seconds").lower()]
-        # round away float noise (0.1 s over 0.1 s instants must stay 1, not become 2)
-        return max(0, math.ceil(round(secs / float(instant_seconds), 9)))
+        return _instants(self.range_amount, self.range_unit, instant_seconds)
 
     @property
     def levels(self) -> frozenset[str] | None:

@@ -78,14 +78,17 @@ def _check_expr(e: A.Expr | None, ctx: str) -> None:
             raise LimitError(f"{ctx}: a decimal literal is beyond the range of a double (at most ±{_DBL_MAX})")
 
 
+def _length(ctx: str, word: str, amount: float, unit: str | None, instant_seconds: float) -> tuple[str, float]:
+    """(``ctx: WORD amount unit`` for messages, the length in instants before rounding)."""
+    unit = (unit or "seconds").lower()
+    return f"{ctx}: {word} {_float_text(float(amount))} {unit}", float(amount) * A.UNIT_SECONDS[unit] / float(instant_seconds)
+
+
 def _check_window(w: A.Window, ctx: str, max_ts: int, instant_seconds: float) -> None:
     if w.kind in ("rows", "partition") and not (isinstance(w.rows, int) and 1 <= w.rows <= MAX_ROWS):
         raise LimitError(f"{ctx}: ROWS {_int_text(w.rows)}: a window holds 1 to {MAX_ROWS} rows")
     if w.kind == "range":
-        amount = float(w.range_amount)
-        unit = (w.range_unit or "seconds").lower()
-        span = amount * A.UNIT_SECONDS[unit] / float(instant_seconds)
-        spec = f"{ctx}: RANGE {_float_text(amount)} {unit}"
+        spec, span = _length(ctx, "RANGE", w.range_amount, w.range_unit, instant_seconds)
         if not math.isfinite(span):
             raise LimitError(f"{spec} is longer than any limit (at most {max_ts} instants: [limits] max_ts)")
         if span > max_ts:
@@ -93,8 +96,7 @@ def _check_window(w: A.Window, ctx: str, max_ts: int, instant_seconds: float) ->
         if w.range_instants(instant_seconds) < 1:
             raise LimitError(f"{spec} spans no instant (one instant is {instant_seconds:g} s)")
         if w.slide_amount is not None:
-            slide = float(w.slide_amount) * A.UNIT_SECONDS[(w.slide_unit or "seconds").lower()] / float(instant_seconds)
-            sspec = f"{ctx}: SLIDE {_float_text(float(w.slide_amount))} {(w.slide_unit or 'seconds').lower()}"
+            sspec, slide = _length(ctx, "SLIDE", w.slide_amount, w.slide_unit, instant_seconds)
             if not math.isfinite(slide) or slide > max_ts:
                 raise LimitError(f"{sspec} is longer than any limit (at most {max_ts} instants: [limits] max_ts)")
             if slide <= 0:

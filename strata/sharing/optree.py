@@ -226,9 +226,8 @@ def window_node(f: A.FromItem, stream: str, instant_seconds: float, scope: str |
         return Node("part_win", (("by", by), ("levels", levels), ("rows", int(w.rows))), (), stream, scope)
     if w.kind == "range":
         parm = (("kind", "range"), ("levels", levels), ("range", w.range_instants(instant_seconds)))
-        if w.slide_instants(instant_seconds) is not None:
-            parm += (("slide", w.slide_instants(instant_seconds)),)
-        return Node("time_win", parm, (), stream, scope)
+        slide = w.slide_instants(instant_seconds)
+        return Node("time_win", parm + ((("slide", slide),) if slide is not None else ()), (), stream, scope)
     return Node("time_win", (("kind", w.kind), ("levels", levels)), (), stream, scope)
 
 
