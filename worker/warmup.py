@@ -87,11 +87,14 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
     Steps, in order of how much they buy: the small queries' chunk of three instants through
     the shared executor (the JVM's first statement pays most of the cold cost), a RANGE chunk of
     25 instants (code generation, pre-aggregation), a running state, each small query alone on
-    one instant; then again on other instants.  Every shape comes before any repeat, so a short
-    budget still touches the code-generating session and the state path once.  The first step always runs; the next ones
-    while less than ``budget`` seconds (default ``STRATA_WARMUP_SECONDS``, else
+    one instant; then again on other instants.  Every shape comes before any repeat.  The first
+    step always runs; the next ones while less than ``budget`` seconds (default ``STRATA_WARMUP_SECONDS``, else
     :data:`WARMUP_SECONDS`; negative: no warm-up at all) have passed, and at most ``rounds``
-    times through all steps.  Never fatal.  Returns what it did."""
+    times through all steps.  On the shared 2-core VM the first step alone now takes 5-6 s, so
+    with the default budget the later shapes are not warmed before ready (the RANGE step would
+    make the first code-generated chunk 0.6-0.9 s cheaper for ~1 s more start-up; warming them in
+    the background after ready was tried and slowed replays: bench/NOTES.md).  Never fatal.
+    Returns what it did."""
     from strata.chunking.model import QueryChunk
     from strata.chunking.prune import prune_query_chunk
 
