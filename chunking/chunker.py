@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from strata.arrowio import ARROW_TYPES
 from strata.lattice import LevelError
 
+from . import filters
 from .model import Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
 
 __all__ = ["Chunker", "ChunkingError", "stream_schema", "merge_chunks", "split_result"]
@@ -87,6 +88,9 @@ class _Item:
     slide: int | None = None  # RANGE … SLIDE S: S in instants (the window at τ ends at ⌊τ/S⌋·S)
     #: levels whose arrivals are instants besides ``levels`` (the window's set before Alg. 4 narrowed it)
     instant_levels: frozenset = frozenset()
+    #: the window condition (``[ROWS 10 WHERE bp > 100]``): the window holds the visible tuples that
+    #: pass it; those that do not are instants all the same (``extra_ts``)
+    filter: object = None
     extra_ts: list = field(default_factory=list)  # list[np.ndarray]: ts of such arrivals not yet cut
     hist: pa.Table = None  # type: ignore[assignment]
     pending: list = field(default_factory=list)  # list[pa.Table]
@@ -304,6 +308,7 @@ class Chunker:
                     schema=schema,
                     levels=frozenset(w.levels),
                     instant_levels=frozenset(w.instants or ()) - frozenset(w.levels),
+                    filter=w.filter,
                 )
             )
         self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items)
@@ -352,6 +357,17 @@ class Chunker:
             self._reject(e, table)
             raise
         n = t.num_rows
+        # window conditions of the queries reading this stream, once per distinct condition
+        passing: dict = {}
+        try:
+            for q in self._queries.values():
+                for it in q.items:
+                    if it.stream == name and it.filter is not None and it.filter not in passing and n:
+                        passing[it.filter] = filters.passes(it.filter, t)
+        except Exception as e:  # noqa: BLE001 - never expected after analysis; the batch is refused whole
+            err = ChunkingError(f"a window condition could not be evaluated on this batch: {e}")
+            self._reject(err, table)
+            raise err from None
         if before_commit is not None:
             before_commit(t)
         if n == 0:
@@ -369,21 +385,32 @@ class Chunker:
                 if it.stream != name:
                     continue
                 extra = present & it.instant_levels
-                if extra:  # arrivals that are instants although the (optimized) window holds none of them
+                instants = []  # ts of arrivals that are instants although the window does not hold them
+                if extra:  # arrivals outside the window's levels as Alg. 4 narrowed them
                     mask = pc.is_in(level, value_set=pa.array(sorted(extra), pa.string()))
-                    it.extra_ts.append(_ts(t.filter(mask)))
+                    instants.append(_ts(t.filter(mask)))
                 # the item's visible part; no per-tuple work when every level of the batch
                 # is in the window's level set (or none is)
                 seen = present & it.levels
+                vis = None
                 if len(seen) == len(present):
                     vis = t
-                elif not seen:
-                    continue
-                else:
+                elif seen:
                     if seen not in masks:
                         masks[seen] = pc.is_in(level, value_set=pa.array(sorted(seen), pa.string()))
                     vis = t.filter(masks[seen])
-                it.append(vis)
+                if vis is not None and it.filter is not None:  # visible, but filtered before the window
+                    keep = passing[it.filter]
+                    if vis is not t:
+                        keep = keep.filter(masks[seen])
+                    instants.append(_ts(vis.filter(pc.invert(keep))))
+                    vis = vis.filter(keep)
+                if instants:
+                    ts = instants[0] if len(instants) == 1 else np.sort(np.concatenate(instants), kind="stable")
+                    if len(ts):
+                        it.extra_ts.append(ts)
+                if vis is not None:
+                    it.append(vis)
         return n
 
     def _reject(self, e: ChunkingError, table) -> None:

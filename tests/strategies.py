@@ -297,7 +297,51 @@ class _Gen:
                 cond = clause.strip()[len("level"):]
                 return f"[{self.kw('partition by')} {', '.join(attrs)}{cond} {self.kw('rows')} {n}]"
             spec = f"{self.kw('partition by')} {', '.join(attrs)} {self.kw('rows')} {n}"
+        if self.chance(0.2):  # a window condition: `[ROWS 3 WHERE bp > 100]`, with the level clause as a conjunct
+            conds = [self.window_filter(ref)]
+            if clause:
+                c = clause.strip()
+                conds.insert(self.d(st.integers(0, 1)), c[len("where"):].strip() if c.lower().startswith("where") else c)
+            return f"[{spec} {self.kw('where')} {' AND '.join(conds)}]"
         return f"[{spec}{clause}]"
+
+    def window_filter(self, ref: _Ref, depth: int = 0) -> str:
+        """A window condition on ``ref``'s attributes, in the forms a window takes (no 64-bit
+        arithmetic, no %); its columns qualified or not."""
+        r = self.d(st.integers(0, 7))
+        if depth == 0 and r == 0:
+            return f"({self.window_filter(ref, 1)} {self.kw('or')} {self.window_filter(ref, 1)})"
+        if depth == 0 and r == 1:
+            return f"{self.kw('not')} ({self.window_filter(ref, 1)})"
+        if depth == 0 and r == 2:
+            return f"{self.window_filter(ref, 1)} {self.kw('and')} {self.window_filter(ref, 1)}"
+        col = ref.col if self.chance(0.5) else (lambda n: n)
+        numeric = ref.cols(*NUMERIC) + ["ts"]
+        strings = ref.cols("string")
+        kind = self.pick(("num", "num", "arith", "str", "null", "in") if strings else ("num", "arith", "null", "in"))
+        if kind in ("num", "arith"):
+            c = self.pick(numeric)
+            typ = ref.schema.type_of(c) if c != "ts" else "long"
+            op = self.pick(("<=", ">=", "!=", "<", ">", "="))
+            if kind == "arith":
+                doubles = ref.cols("double")
+                if doubles and self.chance(0.6):
+                    d = self.pick(doubles)
+                    return f"{col(d)} {self.pick(('*', '+', '-'))} 2.0 {op} {self.num_lit('double')}"
+                return f"{col(c)} / 2 {op} {self.num_lit(typ)}"
+            return f"{col(c)} {op} {self.num_lit(typ)}"
+        if kind == "str":
+            return f"{col(self.pick(strings))} {self.pick(('=', '!=', '<', '>='))} '{self.pick(STRINGS)}'"
+        if kind == "null":
+            c = self.pick(numeric + strings)
+            return f"{col(c)} {self.kw('is null') if self.chance(0.3) else self.kw('is not null')}"
+        if strings and self.chance(0.5):
+            c, items = self.pick(strings), ", ".join(f"'{x}'" for x in self.subset(STRINGS))
+        else:
+            c = self.pick(numeric)
+            typ = ref.schema.type_of(c) if c != "ts" else "long"
+            items = ", ".join(self.num_lit(typ) for _ in range(self.d(st.integers(1, 3))))
+        return f"{col(c)} {self.kw('not in') if self.chance(0.3) else self.kw('in')} ({items})"
 
     def from_text(self, ref: _Ref, join: bool) -> str:
         win = self.window(ref, join)

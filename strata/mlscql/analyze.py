@@ -113,6 +113,8 @@ class CompiledQuery:
                     d["slide"] = {"amount": w.slide_amount, "unit": w.slide_unit}
             if w.partition_by:
                 d["partition_by"] = list(w.partition_by)
+            if w.filter is not None:  # filters the stream before the window (not the instants)
+                d["filter"] = expr_text(_strip_expr(w.filter) if len(self.items) == 1 else w.filter)
             if w.instants is not None:  # Alg. 4 narrowed the window; the instants are these levels' arrivals
                 d["instants_of"] = list(w.instants)
             wins.append(d)
@@ -256,7 +258,32 @@ class _Analyzer:
             ctx = f"window clause of {item.name}"
             levels = tuple(self._level(x, ctx) for x in w.clause.levels)
             w = replace(w, clause=A.LevelClause(w.clause.form, levels))
+        if w.filter is not None:
+            w = replace(w, filter=self._window_filter(w.filter, item))
         return A.FromItem(item.stream, w, f.alias)
+
+    def _window_filter(self, e: A.Expr, item: ItemInfo) -> A.Expr:
+        """A window's condition on its own item's attributes (``[ROWS 10 WHERE bp > 100]``),
+        analyzed against that item alone.  The master evaluates it (in Arrow) to cut the windows'
+        legacy, so it takes what evaluates there exactly as Spark would: comparisons, AND/OR/NOT,
+        IN, IS NULL, and arithmetic on doubles (``/`` of longs is a double); 64-bit ``+ - *`` and
+        ``%`` belong in WHERE, whose overflow checks need the engine."""
+        ctx = f"window condition of {item.name}"
+        saved, self.items = self.items, (item,)
+        try:
+            out = self._expr_bool(e, ctx, allow_agg=False)
+            for x in A.walk(out):
+                if isinstance(x, A.Binary) and x.op in A.ARITHMETIC:
+                    t = self._expr(x, ctx, allow_agg=False)[1]
+                    if x.op == "%" or (x.op != "/" and t == "long"):
+                        raise SemanticError(
+                            f"{ctx}: {x.op} of {'integers' if t == 'long' else 'numbers'} is not supported in a "
+                            f"window condition (comparisons, AND/OR/NOT, IN, IS NULL and arithmetic on doubles are)")
+                if isinstance(x, A.Unary) and x.op == "-" and self._expr(x, ctx, allow_agg=False)[1] == "long":
+                    raise SemanticError(f"{ctx}: unary minus of an integer is not supported in a window condition")
+        finally:
+            self.items = saved
+        return out
 
     def _level(self, text: str, ctx: str) -> str:
         try:
@@ -584,4 +611,6 @@ def _strip_qualifiers(q: A.Query) -> A.Query:
         where=None if q.where is None else _strip_expr(q.where),
         group_by=tuple(_strip_expr(g) for g in q.group_by),
         having=None if q.having is None else _strip_expr(q.having),
+        from_=tuple(f if f.window is None or f.window.filter is None
+                    else replace(f, window=replace(f.window, filter=_strip_expr(f.window.filter))) for f in q.from_),
     )

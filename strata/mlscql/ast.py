@@ -119,6 +119,11 @@ class Window:
     #: ``⌊τ / S⌋·S`` (SEMANTICS: evaluated at slide boundaries); None: no SLIDE (S = 1 instant)
     slide_amount: float | None = None
     slide_unit: str | None = None
+    #: ``[ROWS 10 WHERE bp > 100]``: a condition on the item's own attributes that filters the
+    #: stream *before* the window, like the level clause; it does not change the instants (the
+    #: tuples it drops are still arrivals of the visible substream).  A left-nested AND of the
+    #: written conjuncts other than the level condition; None: no filter
+    filter: "Expr | None" = None
 
     def slide_instants(self, instant_seconds: float) -> int | None:
         """``S`` of ``SLIDE amount unit`` in instants (rounded up like :meth:`range_instants`), or

@@ -43,7 +43,9 @@ def levels_named(q: A.Query) -> Iterator[tuple[str, str]]:
         if w is not None and w.clause is not None:
             for lv in w.clause.levels:
                 yield f"window clause of {f.name}", lv
-    parts = [("SELECT", s.expr) for s in q.select or ()]
+    parts = [(f"window condition of {f.name}", f.window.filter) for f in q.from_
+             if f.window is not None and f.window.filter is not None]
+    parts += [("SELECT", s.expr) for s in q.select or ()]
     parts += [("WHERE", q.where)] + [("GROUP BY", g) for g in q.group_by] + [("HAVING", q.having)]
     for ctx, e in parts:
         if e is None:

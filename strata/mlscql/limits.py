@@ -57,6 +57,7 @@ def check_query(q: A.Query, max_ts: int, instant_seconds: float) -> None:
     for f in q.from_:
         if f.window is not None:
             _check_window(f.window, f"window of {f.name}", max_ts, instant_seconds)
+            _check_expr(f.window.filter, f"window of {f.name}")
     _check_expr(q.where, "WHERE")
     for g in q.group_by:
         _check_expr(g, "GROUP BY")

@@ -86,12 +86,38 @@ class _ToAst(Transformer):
         return ("having", e)
 
     # ---- windows ----
-    def window(self, spec: A.Window, clause=None):
+    def window(self, spec: A.Window, cond=None):
+        clause, filt = cond if isinstance(cond, tuple) else (cond, None)
         if clause is not None:
             if spec.clause is not None:
                 raise ParseError("a window has two level clauses")
             spec = dataclasses.replace(spec, clause=clause)
-        return spec
+        return dataclasses.replace(spec, filter=filt) if filt is not None else spec
+
+    def window_where(self, e):
+        """``[… WHERE cond]``: (level clause, filter).  The conjunct on ``level`` in one of the level
+        clause's forms is the level clause; the other conjuncts, left-nested, filter the stream
+        before the window.  ``level`` anywhere else in the condition is refused: the level clause
+        decides the instants, a filter does not, and one condition cannot be both."""
+        clause, rest = None, []
+        for c in _conjuncts(e):
+            lc = _level_clause_of(c)
+            if lc is not None:
+                if clause is not None:
+                    raise ParseError("a window has two level conditions; write one (level in {...})")
+                clause = lc
+                continue
+            if any(isinstance(x, A.Column) and x.name.lower() == "level" for x in A.walk(c)) or \
+                    any(isinstance(x, (A.DominatedBy, A.LevelLiteral)) for x in A.walk(c)):
+                raise ParseError("in a window, a condition on level must be a conjunct of its own "
+                                 "(level in {...}, level = X or level DOMINATED BY X)")
+            if A.aggregates_in(c):
+                raise ParseError("a window condition cannot use aggregates")
+            rest.append(c)
+        filt = None
+        for c in rest:
+            filt = c if filt is None else A.Binary("AND", filt, c)
+        return clause, filt
 
     def w_rows(self, n):
         return A.Window("rows", rows=int(n))
@@ -243,6 +269,44 @@ class _ToAst(Transformer):
 
     def vector_lit(self, v):
         return A.LevelLiteral(v)
+
+
+def _conjuncts(e: A.Expr) -> list[A.Expr]:
+    """The operands of a tree of ANDs, left to right."""
+    if isinstance(e, A.Binary) and e.op == "AND":
+        return _conjuncts(e.left) + _conjuncts(e.right)
+    return [e]
+
+
+def _level_text(e: A.Expr) -> str | None:
+    """A level as written next to ``level`` in a window condition (a name, a string, a number, a
+    vector), or None."""
+    if isinstance(e, A.Column) and e.qualifier is None:
+        return e.name
+    if isinstance(e, A.LevelLiteral):
+        return e.text
+    if isinstance(e, A.Literal) and e.type == "string":
+        return str(e.value)
+    if isinstance(e, A.Literal) and e.type == "long":
+        return str(e.value)
+    return None
+
+
+def _level_clause_of(c: A.Expr) -> A.LevelClause | None:
+    """``c`` as a level clause if it is one in the forms a window takes: ``level in {..}``,
+    ``level = X``, ``level DOMINATED BY X`` (``level`` unqualified or qualified)."""
+    def is_level(x):
+        return isinstance(x, A.Column) and x.name.lower() == "level"
+
+    if isinstance(c, A.InList) and not c.negated and is_level(c.operand):
+        levels = [_level_text(i) for i in c.items]
+        return A.LevelClause("in", tuple(levels)) if None not in levels else None
+    if isinstance(c, A.Binary) and c.op == "=" and is_level(c.left):
+        lv = _level_text(c.right)
+        return A.LevelClause("eq", (lv,)) if lv is not None else None
+    if isinstance(c, A.DominatedBy) and is_level(c.operand):
+        return A.LevelClause("dominated", (c.level.text,))
+    return None
 
 
 @lru_cache(maxsize=1)

@@ -102,15 +102,25 @@ def window_text(w: A.Window) -> str:
         spec = "NOW"
     else:
         spec = f"PARTITION BY {', '.join(w.partition_by)} ROWS {w.rows}"
+    conds = []
     if w.clause is not None:
         c = w.clause
         if c.form == "in":
-            spec += " level in {" + ", ".join(level_text(x) for x in c.levels) + "}"
+            conds.append("level in {" + ", ".join(level_text(x) for x in c.levels) + "}")
         elif c.form == "eq":
-            spec += f" level = {level_text(c.levels[0])}"
+            conds.append(f"level = {level_text(c.levels[0])}")
         else:
-            spec += f" level DOMINATED BY {level_text(c.levels[0])}"
-    return f"[{spec}]"
+            conds.append(f"level DOMINATED BY {level_text(c.levels[0])}")
+    if w.filter is not None:  # a left-nested AND of conjuncts, none of them an AND (parser.window_where)
+        conds += [_wrap(c, 3) for c in _conjuncts(w.filter)]
+        return f"[{spec} WHERE {' AND '.join(conds)}]"
+    return f"[{spec} {conds[0]}]" if conds else f"[{spec}]"
+
+
+def _conjuncts(e: A.Expr) -> list[A.Expr]:
+    if isinstance(e, A.Binary) and e.op == "AND":
+        return _conjuncts(e.left) + _conjuncts(e.right)
+    return [e]
 
 
 def to_text(q: A.Query) -> str:

@@ -88,6 +88,8 @@ def describe(n: Node, lattice=None) -> str:
 
     p = dict(n.parm)
     inst = f", instants of {lv(p['instants'])}" if "instants" in p else ""
+    if "filter" in p:
+        inst += f", WHERE {' AND '.join(sorted(expr_text(c) for c in p['filter']))}"
     if n.op == "tuple_win":
         return f"tuple_win({n.stream}, ROWS {p['rows']}, level in {lv(p['levels'])}{inst})"
     if n.op == "part_win":
@@ -215,6 +217,9 @@ def window_node(f: A.FromItem, stream: str, instant_seconds: float, scope: str |
     if w.instants is not None:  # Alg. 4 narrowed it but kept the instants (SEMANTICS §5): another window
         node = window_node(replace(f, window=replace(w, instants=None)), stream, instant_seconds, scope)
         return replace(node, parm=node.parm + (("instants", frozenset(w.instants)),))
+    if w.filter is not None:  # filtered before the window: another window (its conjuncts, canonical)
+        node = window_node(replace(f, window=replace(w, filter=None)), stream, instant_seconds, scope)
+        return replace(node, parm=node.parm + (("filter", canonical_conjuncts(w.filter, {f.name: 0})),))
     if w.kind == "rows":
         return Node("tuple_win", (("levels", levels), ("rows", int(w.rows))), (), stream, scope)
     if w.kind == "partition":

@@ -17,6 +17,8 @@ Facts copied from SEMANTICS.md (nothing here reads ../shared at run time):
   clause's set (all levels without one; ``DOMINATED BY X`` = dominated(X))
   ∩ dominated(L), in arrival order; no window = ``[RANGE UNBOUNDED]``;
 * instants = distinct ``ts`` over the visible substreams of all FROM items;
+* a window condition (``[ROWS 10 WHERE bp > 100]``) keeps the visible tuples on which it is
+  TRUE before the window; the tuples it drops are still instants;
 * ``[ROWS N]`` last N with ts ≤ τ; ``[RANGE T unit]`` τ-T < ts ≤ τ with T in
   instants = ceil(T·unit / instant_seconds); ``[NOW]`` ts = τ;
   ``[PARTITION BY a.. ROWS N]`` union of the last N per partition;
@@ -308,7 +310,8 @@ class _Item:
     name: str  # alias, else stream name
     schema: StreamSchema
     window: A.Window | None
-    visible: list[dict]  # visible substream in arrival order
+    visible: list[dict]  # visible substream in arrival order (its ts are instants)
+    held: list[dict]  # what the window holds from: the visible tuples that pass its condition
 
 
 class _Evaluator:
@@ -325,8 +328,13 @@ class _Evaluator:
             tuples = _normalize_stream(schema, self.lat, _lookup_stream(streams, schema.name))
             allowed = self._window_levels(f.window) & self.dom
             visible = [t for t in tuples if t["level"] in allowed]
-            self.items.append(_Item(f.alias or schema.name, schema, f.window, visible))
+            self.items.append(_Item(f.alias or schema.name, schema, f.window, visible, visible))
         self._col_cache: dict[A.Column, tuple[int, str]] = {}
+        for it in self.items:  # a window condition filters the visible substream before the window
+            if it.window is not None and getattr(it.window, "filter", None) is not None:
+                one = object.__new__(_Evaluator)  # the condition reads its own item's attributes only
+                one.lat, one.items, one._col_cache = self.lat, [it], {}
+                it.held = [t for t in it.visible if one.eval(it.window.filter, (t,)) is True]
         self.agg_in_select = q.select is not None and any(A.aggregates_in(s.expr) for s in q.select)
         self.is_aggregate = bool(q.group_by) or q.having is not None or self.agg_in_select
         self.r2s = q.r2s or (RSTREAM if self.agg_in_select else ISTREAM)
@@ -376,7 +384,7 @@ class _Evaluator:
     def window(self, i: int, tau: int) -> list[dict]:
         it = self.items[i]
         w = it.window
-        upto = [t for t in it.visible if t["ts"] <= tau]
+        upto = [t for t in it.held if t["ts"] <= tau]
         kind = "unbounded" if w is None else w.kind
         if kind == "unbounded":
             return upto
