@@ -16,7 +16,7 @@ __all__ = [
     "Expr", "Column", "Literal", "LevelLiteral", "Unary", "Binary", "InList", "DominatedBy",
     "IsNull", "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query",
     "AGGREGATES", "UNIT_SECONDS", "COMPARISONS", "ARITHMETIC", "walk", "children", "map_children",
-    "aggregates_in", "columns_in",
+    "aggregates_in", "columns_in", "conjuncts",
 ]
 
 AGGREGATES = ("COUNT", "SUM", "AVG", "MIN", "MAX")
@@ -242,3 +242,12 @@ def aggregates_in(e: Expr | None) -> list[Aggregate]:
 
 def columns_in(e: Expr | None) -> list[Column]:
     return [] if e is None else [x for x in walk(e) if isinstance(x, Column)]
+
+
+def conjuncts(e: Expr | None) -> list[Expr]:
+    """The operands of a tree of ANDs, left to right (none for no expression)."""
+    if e is None:
+        return []
+    if isinstance(e, Binary) and e.op == "AND":
+        return conjuncts(e.left) + conjuncts(e.right)
+    return [e]

@@ -100,7 +100,7 @@ class _ToAst(Transformer):
         before the window.  ``level`` anywhere else in the condition is refused: the level clause
         decides the instants, a filter does not, and one condition cannot be both."""
         clause, rest = None, []
-        for c in _conjuncts(e):
+        for c in A.conjuncts(e):
             lc = _level_clause_of(c)
             if lc is not None:
                 if clause is not None:
@@ -269,13 +269,6 @@ class _ToAst(Transformer):
 
     def vector_lit(self, v):
         return A.LevelLiteral(v)
-
-
-def _conjuncts(e: A.Expr) -> list[A.Expr]:
-    """The operands of a tree of ANDs, left to right."""
-    if isinstance(e, A.Binary) and e.op == "AND":
-        return _conjuncts(e.left) + _conjuncts(e.right)
-    return [e]
 
 
 def _level_text(e: A.Expr) -> str | None:

@@ -112,15 +112,9 @@ def window_text(w: A.Window) -> str:
         else:
             conds.append(f"level DOMINATED BY {level_text(c.levels[0])}")
     if w.filter is not None:  # a left-nested AND of conjuncts, none of them an AND (parser.window_where)
-        conds += [_wrap(c, 3) for c in _conjuncts(w.filter)]
+        conds += [_wrap(c, 3) for c in A.conjuncts(w.filter)]
         return f"[{spec} WHERE {' AND '.join(conds)}]"
     return f"[{spec} {conds[0]}]" if conds else f"[{spec}]"
-
-
-def _conjuncts(e: A.Expr) -> list[A.Expr]:
-    if isinstance(e, A.Binary) and e.op == "AND":
-        return _conjuncts(e.left) + _conjuncts(e.right)
-    return [e]
 
 
 def to_text(q: A.Query) -> str:
