@@ -625,3 +625,57 @@ def queries(draw, config: Config, level: str, extremes: bool = False) -> str:
     except QueryError:
         assume(False)
     return text
+
+
+# ------------------------------------------------------------------------- compound queries
+
+_SIGNATURES = (("string",), ("string", "double"), ("double",), ("long",), ("string", "long"), ("double", "long"))
+_LITERALS = {"string": ("'a'", "'b'"), "double": ("1.5", "100.0"), "long": ("1", "7")}
+
+
+def _select_of(gen: _Gen, ref: _Ref, sig: tuple[str, ...]) -> tuple[str, str, str]:
+    """(select list, GROUP BY text, kind) of one SELECT of ``ref`` whose columns have types ``sig``
+    (a long and a double combine, so either may stand for the other)."""
+    strings, numeric = ref.cols("string"), ref.cols("double", "long")
+    if sig[0] == "string" and len(sig) == 2 and strings and numeric and gen.chance(0.4):
+        key = ref.col(gen.pick(strings))
+        agg = gen.pick(("COUNT(*)", f"AVG({ref.col(gen.pick(numeric))})", f"MAX({ref.col(gen.pick(numeric))})"))
+        return f"{key}, {agg}", f" {gen.kw('group by')} {key}", "agg"
+    if len(sig) == 1 and sig[0] != "string" and numeric and gen.chance(0.3):
+        col = ref.col(gen.pick(numeric))
+        return gen.pick(("COUNT(*)", f"SUM({col})", f"MIN({col})")), "", "agg"
+    items = []
+    for t in sig:
+        cols = ref.cols(t) if t == "string" else numeric
+        items.append(ref.col(gen.pick(cols)) if cols and gen.chance(0.85) else gen.pick(_LITERALS[t]))
+    return ", ".join(items), "", "plain"
+
+
+@st.composite
+def compound_queries(draw, config: Config, level: str) -> str:
+    """Random ``q1 UNION [ALL] q2 [EXCEPT q3]`` text the front end accepts: each SELECT over one
+    stream with any window (conditions included) and WHERE, plain, DISTINCT or aggregated, columns
+    of matching types; the stream operator on the first SELECT, around the whole, or the default."""
+    lvl = config.lattice.parse(level)
+    gen = _Gen(draw, config, lvl)
+    sig = gen.pick(_SIGNATURES)
+    parts = []
+    for k in range(gen.d(st.integers(2, 3))):
+        ref = gen.refs(1)[0]
+        select, group, kind = _select_of(gen, ref, sig)
+        if kind == "plain" and gen.chance(0.2):
+            select = f"{gen.kw('distinct')} {select}"
+        parts.append(f"{gen.kw('select')} {{r2s}}{select} {gen.kw('from')} {gen.from_text(ref, False)}"
+                     f"{gen.where([ref], False)}{group}")
+    ops = [gen.pick(("UNION", "UNION ALL", "EXCEPT", "union", "union all", "except")) for _ in parts[1:]]
+    r2s = gen.pick((None, None, "ISTREAM", "RSTREAM", "DSTREAM", "w:ISTREAM", "w:RSTREAM", "w:DSTREAM"))
+    first = f"{gen.kw(r2s)} " if r2s and not r2s.startswith("w:") else ""
+    text = parts[0].replace("{r2s}", first)
+    text += "".join(f" {op} {p.replace('{r2s}', '')}" for op, p in zip(ops, parts[1:]))
+    if r2s and r2s.startswith("w:"):
+        text = f"{gen.kw(r2s[2:])}({text})"
+    try:
+        compile_query(text, config, lvl)
+    except QueryError:
+        assume(False)
+    return text

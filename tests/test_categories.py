@@ -35,6 +35,9 @@ QUERIES = [
     "SELECT sid, SUM(bp) FROM Vitals [RANGE 4 SECONDS SLIDE 2 SECONDS] GROUP BY sid",
     "SELECT DISTINCT COUNT(*) AS n FROM Vitals [ROWS 4] GROUP BY sid",
     "SELECT COUNT(DISTINCT sid), SUM(DISTINCT bp), AVG(DISTINCT bp) FROM Vitals [RANGE 3 SECONDS]",
+    "SELECT AVG(bp) FROM Vitals [ROWS 3 WHERE bp > 120]",
+    "SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Vitals [NOW] WHERE bp > 150",
+    "RSTREAM(SELECT sid, bp FROM Vitals [RANGE 2 SECONDS] EXCEPT SELECT sid, bp FROM Vitals [NOW level in {U}])",
 ]
 
 

@@ -176,8 +176,8 @@ def test_arrow_evaluation_of_window_conditions_equals_spark(spark, cond, rows):
     except QueryError:
         assume(False)
     e = cq.query.from_[0].window.filter
-    table = pa.table({"d": pa.array([r[0] for r in rows], pa.float64()), "n": pa.array([r[1] for r in rows], pa.int64()),
-                      "s": pa.array([r[2] for r in rows], pa.string()), "b": pa.array([r[3] for r in rows], pa.bool_())})
+    types_ = (("d", pa.float64()), ("n", pa.int64()), ("s", pa.string()), ("b", pa.bool_()))
+    table = pa.table({c: pa.array([r[k] for r in rows], t) for k, (c, t) in enumerate(types_)})
     arrow = passes(e, table).to_pylist()
     types = {"d": "double", "n": "long", "s": "string", "b": "boolean"}
     comp = SqlCompiler(config.lattice, lambda c: f"`{c.name}`", column_type=lambda c: types[c.name])

@@ -107,16 +107,15 @@ from strata.mlscql.analyze import CompiledQuery
 from strata.mlscql.printer import expr_text
 
 from .expr import INTEGRAL, SPARK_TYPES, SqlCompiler, conjuncts, ident, level_of_mask
-from .windows import (TAU, end_array, end_sql, in_instants_sql, instants_sql, membership_sql, slides, start_array,
-                      start_sql, successor_sql, useful_rows)
+from .setops import CompoundRun
+from .windows import (ERR, MASK, TAU, end_array, end_sql, in_instants_sql, instants_sql, membership_sql, slides,
+                      start_array, start_sql, successor_sql, useful_rows)
 
 __all__ = ["Engine", "EngineError", "result_schema", "describe_error", "is_infrastructure_error"]
 
-MASK = "_mask"
 ROWS = "_rows"
 LEVEL = "level"
 PART = "_part"
-ERR = "_err"
 #: a normalized exact SUM ``hi * 2**32 + lo`` (0 <= lo < 2**32) fits a long iff hi is in this range
 _HI_RANGE = f"BETWEEN {-(2**31)} AND {2**31 - 1}"
 _LO_MASK = "CAST(4294967295 AS BIGINT)"
@@ -285,7 +284,7 @@ class Engine:
         t0 = time.perf_counter()
         mode = legacy_mode(cq)
         try:
-            rows, state, failure = _Run(self, cq, chunk, mode).execute()
+            rows, state, failure = _run_of(self, cq, chunk, mode).execute()
         except Exception as exc:  # noqa: BLE001 - a failing query is that query's problem
             if not isolate or is_infrastructure_error(exc):
                 raise
@@ -310,8 +309,8 @@ class Engine:
         pending: list[tuple[int, _Deferred]] = []
         for j, (cq, chunk) in enumerate(items):
             mode = legacy_mode(cq)
-            if mode is LegacyMode.STATE:
-                continue  # its statement also returns the new state: evaluated on its own
+            if mode is LegacyMode.STATE or cq.branches:
+                continue  # its statement also returns the new state / a compound query: evaluated on its own
             try:
                 rows, state, failure = _Run(self, cq, chunk, mode, prefix=f"q{j}_", defer=True).execute()
             except _Deferred as d:
@@ -478,7 +477,7 @@ class Engine:
             mid = (lo + hi) // 2
             sub = dataclasses.replace(chunk, instants=instants[:mid])
             try:
-                rows, _, failure = _Run(self, cq, sub, mode).execute()
+                rows, _, failure = _run_of(self, cq, sub, mode).execute()
             except Exception as e:  # noqa: BLE001
                 if is_infrastructure_error(e):
                     raise
@@ -555,12 +554,22 @@ class _Deferred(Exception):
         self.run, self.final, self.then = run, final, then
 
 
+def _run_of(engine: Engine, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode):
+    """The evaluation of ``chunk`` for ``cq``: a compound query's (worker/setops.py) or a SELECT's."""
+    if cq.branches:
+        return _CompoundRun(engine, cq, chunk, mode)
+    return _Run(engine, cq, chunk, mode)
+
+
 class _Run:
     """Evaluation of one chunk: builds one SQL statement, runs it, converts the result."""
 
     def __init__(self, engine: Engine, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode,
-                 prefix: str = "", defer: bool = False):
+                 prefix: str = "", defer: bool = False, codes: bool = True):
         self.e = engine
+        #: whether string GROUP BY keys may travel as dictionary codes (not in a compound query's
+        #: SELECTs, whose relations are combined before any decoding)
+        self.codes = codes
         #: names of this run's CTEs and frames start with it (several runs in one statement)
         self.prefix = prefix
         #: raise :class:`_Deferred` with the planned statement instead of running it
@@ -691,7 +700,7 @@ class _Run:
         with the chunk's dictionary (:meth:`_finish`): equal strings have equal codes and NULL stays
         NULL, so the groups are the same, while Spark converts and hashes integers instead of
         strings (a 680 k-row RANGE chunk grouped by a string key: about half the engine time)."""
-        if not self.cq.is_aggregate or self.mode is not LegacyMode.WINDOW or not self.e.code_keys:
+        if not self.cq.is_aggregate or self.mode is not LegacyMode.WINDOW or not self.e.code_keys or not self.codes:
             return []
         keys = [g for g in self.q.group_by if isinstance(g, A.Column) and self._type(g) == "string"]
         if not keys:
@@ -831,8 +840,16 @@ class _Run:
             return self._execute_none()
         if self.mode is LegacyMode.STATE:
             return self._execute_state()
+        rel = self.relation()
+        if rel is None:
+            return self._empty(), None, None
+        return self._query(self._r2s(rel), self._rows_only)
+
+    def relation(self) -> str | None:
+        """The CTE of R(τ) over the evaluation instants: ``(_tau, _mask, o.. [, _err])``; None when
+        R(τ) is empty at every instant (no CTE).  WINDOW and HISTORY chunks."""
         if not self.cq.is_aggregate and any(t.num_rows == 0 for t in self.chunk.items):
-            return self._empty(), None, None  # some window is empty at every instant: R(τ) = ∅
+            return None  # some window is empty at every instant: R(τ) = ∅
         needed = self._needed()
         sources = []
         arrow = self.e.membership == "arrow"
@@ -867,19 +884,18 @@ class _Run:
             err = [ERR] if self.row_err else []
             pend = None if end is None else ("_e" if span is None else f"(_t + CAST({span} AS BIGINT))")
             spread = self._cte("x", membership_sql(pre, kv + err, "_t", pend, self.evals, pruned=True))
-            rel = self._finalize(self._cte("m", self._merge_sql(spread)))
-            return self._query(self._r2s(rel), self._rows_only)
+            return self._finalize(self._cte("m", self._merge_sql(spread)))
         windows = [self._cte(f"w{i}", membership_sql(src, cols, ts, end, self.evals, pruned=arrow))
                    for i, (src, cols, ts, end) in enumerate(sources)]
         from_ = windows[0] + "".join(f" JOIN {w} USING ({TAU})" for w in windows[1:])
         mask = " | ".join(_col(i, MASK) for i in range(len(windows)))
         if self.cq.is_aggregate:
             p = self._cte("p", self._aggregate_sql(f"{from_}{where}", TAU, f"({mask})"))
-            rel = self._finalize(p)
+            return self._finalize(p)
         else:
             err = self._err_col(self.where_parts + self.select_parts)
             rel = self._cte("r", f"SELECT {TAU}, ({mask}) AS {MASK}, {self._select_list()}{err} FROM {from_}{where}")
-        return self._query(self._r2s(rel), self._rows_only)
+        return rel
 
     def _rows_only(self, tbl: pa.Table):
         rows, failure = self._finish(tbl)
@@ -1237,6 +1253,23 @@ class _Run:
 
     def _empty(self) -> pa.Table:
         return result_schema(self.cq).empty_table()
+
+
+class _CompoundRun(CompoundRun):
+    """A compound query's chunk: its SELECTs as :class:`_Run` relations, combined (worker/setops.py),
+    then the same stream operator and output as a single SELECT."""
+
+    def branch_run(self, cq: CompiledQuery, chunk: QueryChunk, prefix: str) -> "_Run":
+        return _Run(self.e, cq, chunk, self.mode, prefix=prefix, codes=False)
+
+    _cte = _Run._cte
+    _sql = _Run._sql
+    _query = _Run._query
+    _r2s = _Run._r2s
+    _finish = _Run._finish
+    _rows_only = _Run._rows_only
+    _empty = _Run._empty
+    _coded_outputs = _Run._coded_outputs
 
 
 def _unqualified(e: A.Expr) -> A.Expr:

@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 TAU = "_tau"
+#: the engine's relation columns besides TAU: a row's level mask and its failure code
+MASK = "_mask"
+ERR = "_err"
 END = "_end"
 #: interval end standing for ∞ in :func:`end_array`
 FOREVER = np.iinfo(np.int64).max

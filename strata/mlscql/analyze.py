@@ -81,15 +81,27 @@ class CompiledQuery:
     #: the rewritten query before Alg. 4 when Alg. 4 narrowed a window whose instants it had to keep
     #: (``Window.instants``, which query text cannot spell): what :attr:`rewritten` prints then
     before_optimization: A.Query | None = field(default=None, compare=False)
+    #: a compound query (``q1 UNION q2 EXCEPT q3``): its SELECTs, each compiled on its own with this
+    #: query's stream operator, and the set operators between them (``A.SET_OPS``).  Then ``query``
+    #: holds the FROM items of all branches in order (``items`` too) and the written stream operator
+    branches: tuple["CompiledQuery", ...] = ()
+    set_ops: tuple[str, ...] = ()
 
     @property
     def rewritten(self) -> str:
         """The rewritten text shown to the user (qualifiers dropped for one FROM item): the optimized
         query, or the rewritten one before optimization when an optimization kept instants that its
         text could not show (compiling the shown text gives this same query again)."""
+        if self.branches:
+            shown = tuple(b.shown for b in self.branches)
+            return to_text(A.Compound(shown, self.set_ops, self.query.r2s, self.query.wrapped))
+        return to_text(self.shown)
+
+    @property
+    def shown(self) -> A.Query:
+        """The query :attr:`rewritten` prints (a single SELECT)."""
         q = self.before_optimization or self.query
-        q = q if len(self.items) > 1 else _strip_qualifiers(q)
-        return to_text(q)
+        return q if len(self.items) > 1 else _strip_qualifiers(q)
 
     def window_levels(self, i: int) -> frozenset[str]:
         return self.query.from_[i].window.levels
@@ -118,7 +130,11 @@ class CompiledQuery:
             if w.instants is not None:  # Alg. 4 narrowed the window; the instants are these levels' arrivals
                 d["instants_of"] = list(w.instants)
             wins.append(d)
+        extra = {}
+        if self.branches:
+            extra = {"branches": [to_text(b.shown) for b in self.branches], "set_ops": list(self.set_ops)}
         return {
+            **extra,
             "level": self.level,
             "query": self.text,
             "rewritten": self.rewritten,
@@ -142,6 +158,8 @@ def legacy_mode(cq) -> LegacyMode:
     kinds = [f.window.kind for f in cq.query.from_]
     if "unbounded" not in kinds:
         return LegacyMode.WINDOW
+    if getattr(cq, "branches", ()):  # a compound query: the visible history of its unbounded items
+        return LegacyMode.HISTORY
     if len(kinds) == 1:
         if cq.is_aggregate:
             if any(a.distinct for s in cq.query.select or () for a in A.aggregates_in(s.expr)) \
@@ -162,8 +180,49 @@ def compile_query(text: str, config: Config, level: str) -> CompiledQuery:
     return analyze(parse(text), config, lvl, text=text)
 
 
-def analyze(q: A.Query, config: Config, level: str, text: str | None = None) -> CompiledQuery:
+def analyze(q: A.Query | A.Compound, config: Config, level: str, text: str | None = None) -> CompiledQuery:
+    if isinstance(q, A.Compound):
+        return _compound(q, config, level, text if text is not None else to_text(q))
     return _Analyzer(config, level).run(q, text if text is not None else to_text(q))
+
+
+def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQuery:
+    """``q1 UNION [ALL] q2 EXCEPT …``: every SELECT analyzed, authorized, rewritten and optimized on
+    its own (SEMANTICS §4 per SELECT); the same number of columns in each, of types that combine
+    (a long with a double is a double); the names are the first SELECT's.  The stream operator is
+    the written one, else RSTREAM when a SELECT's list has an aggregate, else ISTREAM."""
+    branches = [_Analyzer(config, level).run(b, to_text(b)) for b in q.branches]
+    first = branches[0]
+    types = [o.type for o in first.outputs]
+    for op, b in zip(q.ops, branches[1:]):
+        if len(b.outputs) != len(types):
+            raise SemanticError(f"{op}: the SELECTs have {len(types)} and {len(b.outputs)} columns; "
+                                f"they must have the same number")
+        for k, o in enumerate(b.outputs):
+            t = _combined_type(types[k], o.type)
+            if t is None:
+                raise SemanticError(f"{op}: column {k + 1} is {types[k]} in one SELECT and {o.type} in another")
+            types[k] = t
+    outputs = tuple(OutputColumn(o.name, t) for o, t in zip(first.outputs, types))
+    agg = any(A.aggregates_in(s.expr) for b in branches for s in b.query.select)
+    r2s = q.r2s or ("RSTREAM" if agg else "ISTREAM")
+    branches = [replace(b, r2s=r2s) for b in branches]
+    from_ = tuple(f for b in branches for f in b.query.from_)
+    query = A.Query(None, from_, r2s=q.r2s, wrapped=q.wrapped)
+    return CompiledQuery(text, level, query, tuple(it for b in branches for it in b.items), outputs, r2s,
+                         any(b.is_aggregate for b in branches), tuple(n for b in branches for n in b.notes),
+                         branches=tuple(branches), set_ops=tuple(q.ops))
+
+
+def _combined_type(a: str, b: str) -> str | None:
+    """The type of a column that is ``a`` in one SELECT and ``b`` in another, or None."""
+    if a == b:
+        return a
+    if "null" in (a, b):
+        return b if a == "null" else a
+    if {a, b} <= {"long", "double", "timestamp"}:
+        return "double" if "double" in (a, b) else "long"
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Union
 
 __all__ = [
     "Expr", "Column", "Literal", "LevelLiteral", "Unary", "Binary", "InList", "DominatedBy",
-    "IsNull", "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query",
+    "IsNull", "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query", "Compound", "SET_OPS",
     "AGGREGATES", "UNIT_SECONDS", "COMPARISONS", "ARITHMETIC", "walk", "children", "map_children",
     "aggregates_in", "columns_in", "conjuncts",
 ]
@@ -192,6 +192,22 @@ class Query:
         plain = tuple(s.expr for s in self.select or ())
         return (self.having is not None or self.group_by != plain
                 or any(aggregates_in(s.expr) for s in self.select or ()))
+
+
+#: the set operators between the SELECTs of a compound query
+SET_OPS = ("UNION ALL", "UNION", "EXCEPT")
+
+
+@dataclass(frozen=True)
+class Compound:
+    """``q1 UNION [ALL] q2 EXCEPT q3 …``, left to right: ``ops[k]`` stands between ``branches[k]``
+    and ``branches[k + 1]``.  The branches carry no stream operator; ``r2s`` applies to the
+    combined relation."""
+
+    branches: tuple[Query, ...]
+    ops: tuple[str, ...]
+    r2s: str | None = None
+    wrapped: bool = False
 
 
 def children(e: Expr) -> list[Expr]:

@@ -37,11 +37,24 @@ class _ToAst(Transformer):
     def start(self, q):
         return q
 
-    def wrapped(self, r2s, q: A.Query):
+    def wrapped(self, r2s, q):
         if q.r2s is not None:
             raise ParseError(f"{r2s.upper()}(...) wraps a query that already says {q.r2s}")
+        if isinstance(q, A.Compound):
+            return dataclasses.replace(q, r2s=str(r2s).upper(), wrapped=True)
         return A.Query(q.select, q.from_, q.where, q.group_by, q.having, r2s=str(r2s).upper(), wrapped=True,
                        distinct=q.distinct)
+
+    def set_op(self, left, op, right: A.Query):
+        """``left op right``: the stream operator may stand on the first SELECT only (it applies to
+        the combined relation)."""
+        if right.r2s is not None:
+            raise ParseError(f"{right.r2s} on a later SELECT of {str(op).split()[0].upper()}: put the stream "
+                             f"operator on the first SELECT or around the whole query ({right.r2s}(...))")
+        op = " ".join(str(op).upper().split())
+        if isinstance(left, A.Compound):
+            return A.Compound(left.branches + (right,), left.ops + (op,), left.r2s)
+        return A.Compound((dataclasses.replace(left, r2s=None), right), (op,), left.r2s)
 
     def select_stmt(self, r2s, distinct, select, from_, *rest):
         where = group = having = None
@@ -329,7 +342,7 @@ def _describe_expected(expected) -> str:
     return ", ".join(names)
 
 
-def parse(text: str) -> A.Query:
+def parse(text: str) -> A.Query | A.Compound:
     """Parse one MLS-CQL query; raises ParseError with line/column on bad input (LimitError for a
     number written with absurdly many digits; window sizes and values are bounded by the analyzer)."""
     if not isinstance(text, str) or not text.strip():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import ast as A
 
 __all__ = ["to_text", "expr_text"]
@@ -117,7 +119,12 @@ def window_text(w: A.Window) -> str:
     return f"[{spec} {conds[0]}]" if conds else f"[{spec}]"
 
 
-def to_text(q: A.Query) -> str:
+def to_text(q: A.Query | A.Compound) -> str:
+    if isinstance(q, A.Compound):
+        text = to_text(q.branches[0] if q.wrapped or q.r2s is None else replace(q.branches[0], r2s=q.r2s))
+        for op, b in zip(q.ops, q.branches[1:]):
+            text += f" {op} {to_text(b)}"
+        return f"{q.r2s}({text})" if q.wrapped else text
     sel = "*" if q.select is None else ", ".join(
         expr_text(i.expr) + (f" AS {i.alias}" if i.alias else "") for i in q.select
     )

@@ -24,6 +24,8 @@ Facts copied from SEMANTICS.md (nothing here reads ../shared at run time):
   ``[PARTITION BY a.. ROWS N]`` union of the last N per partition;
 * output level = lub of contributing tuples (bottom if none); SELECT DISTINCT: one row per
   distinct value tuple, at the lub of the levels of the rows it stands for;
+* ``q1 UNION [ALL] q2 EXCEPT q3``: instants of every SELECT's items; R(τ) combined left to right
+  (UNION: lub of the rows of either side a value tuple stands for; EXCEPT: of the left rows);
 * ISTREAM = R(τ) − R(τ'), DSTREAM = R(τ') − R(τ), RSTREAM = R(τ) (bags of
   (level, cols...)); default RSTREAM iff the select list has an aggregate.
 
@@ -119,7 +121,8 @@ def evaluate_outcome(query_text: str, config: Config, level: str, streams: dict[
     and that instant with the reason instead of an exception."""
     compiled = compile_query(query_text, config, level)  # acceptance only
     query = parse(query_text)
-    ev = _Evaluator(query, config, config.lattice.parse(level), streams)
+    kind = _CompoundEvaluator if isinstance(query, A.Compound) else _Evaluator
+    ev = kind(query, config, config.lattice.parse(level), streams)
     rows, error_ts, error = ev.run()
     width = len(compiled.outputs) + 2
     for r in rows:
@@ -344,7 +347,7 @@ class _Evaluator:
     # -- driver ---------------------------------------------------------------
     def run(self) -> tuple[list[tuple], int | None, str | None]:
         """(rows, failing instant, reason): the query stops at its first failing instant."""
-        instants = sorted({t["ts"] for i, it in enumerate(self.items) for t in self._instant_tuples(i)})
+        instants = self.instants()
         out: list[tuple] = []
         prev: Counter = Counter()
         for tau in instants:
@@ -364,6 +367,9 @@ class _Evaluator:
         return out, None, None
 
     # -- instants -----------------------------------------------------------------
+    def instants(self) -> list[int]:
+        return sorted({t["ts"] for i, it in enumerate(self.items) for t in self._instant_tuples(i)})
+
     def _instant_tuples(self, i: int) -> list[dict]:
         """Tuples whose ts are instants of the query (SEMANTICS §4-5): the item's visible substream as
         Alg. 3 defines it (the window level clause's set ∩ dominated(L)), whatever a WHERE level
@@ -695,6 +701,41 @@ def _sql_in(v, vals: list):
     if any(x is None for x in vals):
         return None
     return False
+
+
+class _CompoundEvaluator:
+    """``q1 UNION [ALL] q2 EXCEPT …`` (issue 16): the instants are those of every SELECT's FROM
+    items; at each, every SELECT's R(τ) is built as above and they are combined left to right:
+    UNION ALL keeps both bags; UNION one row per value tuple at the lub of the rows (of either side)
+    with those values; EXCEPT one row per value tuple of the left side absent from the right side,
+    at the lub of the left rows with those values.  A SELECT failing at τ fails the query at τ.
+    The stream operator applies to the combined relation (default RSTREAM if a SELECT's list has
+    an aggregate, else ISTREAM)."""
+
+    def __init__(self, q: A.Compound, config: Config, level: str, streams: dict[str, list[dict]]):
+        self.branches = [_Evaluator(b, config, level, streams) for b in q.branches]
+        self.ops = q.ops
+        self.lat = config.lattice
+        self.r2s = q.r2s or (RSTREAM if any(b.agg_in_select for b in self.branches) else ISTREAM)
+
+    run = _Evaluator.run
+    _distinct = _Evaluator._distinct
+
+    def instants(self) -> list[int]:
+        return sorted({t for b in self.branches for t in b.instants()})
+
+    def relation(self, tau: int) -> list[tuple]:
+        acc = self.branches[0].relation(tau)
+        for op, b in zip(self.ops, self.branches[1:]):
+            right = b.relation(tau)
+            if op == "UNION ALL":
+                acc = acc + right
+            elif op == "UNION":
+                acc = self._distinct(acc + right)
+            else:  # EXCEPT
+                gone = {tuple(vals) for _, *vals in right}
+                acc = [r for r in self._distinct(acc) if tuple(r[1:]) not in gone]
+        return acc
 
 
 # ---------------------------------------------------------------------------

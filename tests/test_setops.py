@@ -1,0 +1,174 @@
+"""UNION, UNION ALL and EXCEPT of SELECTs (issue 16), e.g.
+``SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Positions [NOW]``.
+
+Each SELECT is authorized, rewritten and optimized on its own; the query's instants are the
+arrivals of every SELECT's visible substreams; at each instant the SELECTs' relations are
+combined left to right and the stream operator applies to the result.  Levels: UNION ALL keeps
+each row's level; UNION gives a row the lub of the rows (of either side) it stands for; EXCEPT
+the lub of the left rows it stands for (docs/semantics.md §3)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from strata.mlscql import QueryError, compile_query, parse
+from strata.mlscql.printer import to_text
+
+from .distributed import run_distributed
+from .reference.evaluator import compare_results, evaluate, evaluate_outcome
+from .strategies import compound_queries, example_settings, multistream
+from .tables import inputs_of
+from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
+
+EXAMPLES, SETTINGS = example_settings("STRATA_SETOPS_EXAMPLES", 25)
+
+
+def _v(ts, level, sid, bp):
+    return {"ts": ts, "level": level, "sid": sid, "bp": float(bp), "pr": 1.0, "weight": 1.0}
+
+
+def _p(ts, level, sid):
+    return {"ts": ts, "level": level, "sid": sid, "lat": 1.0, "lon": "x"}
+
+
+VITALS = [_v(1, "U", "a", 10), _v(2, "C", "b", 20), _v(3, "U", "a", 30), _v(4, "S", "c", 40)]
+POSITIONS = [_p(2, "U", "a"), _p(3, "S", "b")]
+#: what a U session must not notice: tuples above U in both streams
+ABOVE = {"Vitals": [_v(2, "TS", "a", 99), _v(5, "S", "z", 1)], "Positions": [_p(1, "C", "a"), _p(6, "TS", "q")]}
+
+UNION = "SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Positions [ROWS 1]"
+ALL = "RSTREAM(SELECT sid FROM Vitals [ROWS 2] UNION ALL SELECT sid FROM Positions [ROWS 1])"
+EXCEPT = "RSTREAM(SELECT sid FROM Vitals [RANGE 3] EXCEPT SELECT sid FROM Positions [NOW])"
+MIXED = "SELECT sid, COUNT(*) FROM Vitals [RANGE 2] GROUP BY sid UNION SELECT sid, 7.5 FROM Positions"
+TEXTS = [UNION, ALL, EXCEPT, MIXED,
+         "SELECT DSTREAM sid FROM Vitals [ROWS 1] EXCEPT SELECT sid FROM Vitals [NOW WHERE bp > 25] "
+         "UNION ALL SELECT sid FROM Positions [ROWS 1 WHERE level = U]"]
+
+
+def test_compound_queries_parse_print_back_and_explain(battlefield):
+    cq = compile_query("select istream sid from Vitals [rows 2] union all select sid from Positions p where p.lat > 0 "
+                       "except select sid from Vitals [now]", battlefield, "S")
+    assert cq.set_ops == ("UNION ALL", "EXCEPT") and cq.r2s == "ISTREAM" and len(cq.branches) == 3
+    assert cq.rewritten == ("SELECT ISTREAM sid FROM Vitals [ROWS 2 level in {U, C, S}] UNION ALL SELECT sid FROM "
+                            "Positions [RANGE UNBOUNDED level in {U, C, S}] p WHERE lat > 0 EXCEPT SELECT sid FROM "
+                            "Vitals [NOW level in {U, C, S}]")
+    again = compile_query(cq.rewritten, battlefield, "S")
+    assert [b.query for b in again.branches] == [b.query for b in cq.branches] and again.query == cq.query
+    assert to_text(parse(cq.rewritten)) == cq.rewritten
+    j = cq.to_json()
+    assert j["set_ops"] == ["UNION ALL", "EXCEPT"] and len(j["branches"]) == 3 and len(j["windows"]) == 3
+    # the stream operator around the whole query; the default: RSTREAM when a SELECT aggregates
+    w = compile_query("DSTREAM(SELECT sid FROM Vitals UNION SELECT sid FROM Positions)", battlefield, "S")
+    assert w.r2s == "DSTREAM" and w.rewritten.startswith("DSTREAM(SELECT sid FROM Vitals")
+    m = compile_query(MIXED, battlefield, "S")
+    assert m.r2s == "RSTREAM" and [o.type for o in m.outputs] == ["string", "double"]
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("SELECT sid FROM Vitals UNION SELECT sid, bp FROM Vitals", "UNION: the SELECTs have 1 and 2 columns"),
+    ("SELECT sid FROM Vitals EXCEPT SELECT bp FROM Vitals", "EXCEPT: column 1 is string in one SELECT and double"),
+    ("SELECT sid FROM Vitals UNION SELECT ISTREAM sid FROM Vitals", "put the stream operator on the first SELECT"),
+    ("SELECT sid FROM Vitals UNION SELECT sid FROM Vitals [ROWS 1 level = TS]", "does not dominate"),
+    ("SELECT sid FROM Vitals UNION SELECT sid FROM Nowhere", "unknown stream 'Nowhere'"),
+    ("SELECT sid FROM Vitals UNION", "unexpected end of query"),
+])
+def test_bad_compound_queries_are_refused_in_one_line(battlefield, text, msg):
+    with pytest.raises(QueryError, match=msg) as e:
+        compile_query(text, battlefield, "S")
+    assert "\n" not in str(e.value)
+
+
+def test_the_reference_combines_relations_at_every_instant(battlefield):
+    streams = {"Vitals": VITALS, "Positions": POSITIONS}
+    # τ3: Vitals holds a (U) and b (C), Positions b (S): b stands for a C and an S row, so it is S
+    assert evaluate(UNION, battlefield, "S", streams) == [(1, "U", "a"), (2, "C", "b"), (3, "S", "b"), (4, "S", "c")]
+    assert sorted(evaluate(EXCEPT, battlefield, "S", streams)) == [
+        (1, "U", "a"), (2, "C", "b"), (3, "U", "a"), (4, "C", "b"), (4, "S", "c"), (4, "U", "a")]
+    assert sorted(r for r in evaluate(ALL, battlefield, "S", streams) if r[0] == 2) == [
+        (2, "C", "b"), (2, "U", "a"), (2, "U", "a")]
+    # a U session: instants 1, 2, 3 (the U arrivals of either stream), U rows only
+    assert evaluate(UNION, battlefield, "U", streams) == [(1, "U", "a")]
+    # (at 3 Vitals' ROWS 2 holds both U tuples of a, Positions' ROWS 1 the one of 2)
+    assert evaluate(ALL, battlefield, "U", streams) == [(1, "U", "a")] + [(2, "U", "a")] * 2 + [(3, "U", "a")] * 3
+
+
+@pytest.mark.spark
+def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
+    """Every example at U and S through chunks of 1-3 instants on two workers equals the reference,
+    and a U session's output is the same with and without the tuples above U."""
+    from strata.worker.shared import SharedExecutor
+
+    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    plain = {"Vitals": VITALS, "Positions": POSITIONS}
+    above = {s: sorted(rows + ABOVE[s], key=lambda r: r["ts"]) for s, rows in plain.items()}
+    for level in ("U", "S"):
+        for k in (1, 2, 3):
+            outs = []
+            for streams in (plain, above):
+                out = run_distributed(battlefield, level, TEXTS, inputs_of(battlefield, streams), executors,
+                                      chunk_instants=k, rnd=random.Random(k), incremental=k == 2)
+                for i, text in enumerate(TEXTS):
+                    exp = evaluate_outcome(text, battlefield, level, streams)
+                    assert out[f"q{i + 1}"].error_ts == exp.error_ts, text
+                    compare_results(out[f"q{i + 1}"].rows, exp.rows)
+                outs.append(out)
+            if level == "U":
+                for i in range(len(TEXTS)):
+                    assert sorted(outs[0][f"q{i + 1}"].rows) == sorted(outs[1][f"q{i + 1}"].rows), TEXTS[i]
+
+
+def test_a_failing_select_fails_the_compound_query_at_its_instant(battlefield):
+    rows = [_v(1, "U", "a", 1), _v(2, "U", "b", 2)]
+    rows[1]["pr"] = 1.0
+    text = "SELECT sid FROM Vitals [NOW] UNION SELECT sid FROM Vitals [NOW] WHERE ts * 4611686018427387904 > 0"
+    out = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
+    assert out.error_ts == 2 and out.rows == [(1, "U", "a")]
+
+
+@pytest.mark.spark
+def test_a_failing_select_fails_the_distributed_query_too(battlefield, engines):  # noqa: F811
+    from strata.worker.shared import SharedExecutor
+
+    rows = [_v(1, "U", "a", 1), _v(2, "U", "b", 2), _v(3, "U", "c", 3)]
+    text = "SELECT sid FROM Vitals [NOW] EXCEPT SELECT sid FROM Vitals [NOW] WHERE ts * 4611686018427387904 > 0"
+    exp = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
+    assert exp.error_ts == 2
+    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    for k in (1, 3):
+        out = run_distributed(battlefield, "S", [text], inputs_of(battlefield, {"Vitals": rows}), executors,
+                              chunk_instants=k)
+        assert out["q1"].error_ts == 2 and "integer overflow" in out["q1"].error
+        compare_results(out["q1"].rows, exp.rows)
+
+
+@pytest.mark.spark
+@SETTINGS
+@given(data=st.data())
+def test_random_compound_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+    """Random UNION / UNION ALL / EXCEPT queries through chunks of random length, several workers,
+    sharing on or off, states carried between chunks or not, against the reference."""
+    from strata.worker.shared import SharedExecutor
+
+    config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
+    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
+    texts = [data.draw(compound_queries(config, config.lattice.parse(level)), label="query")]
+    if data.draw(st.booleans(), label="two"):  # a second query: shared evaluation on the workers
+        texts.append(data.draw(st.sampled_from([texts[0], data.draw(compound_queries(config, level))]), label="q2"))
+    streams = data.draw(multistream(config), label="streams")
+    k = data.draw(st.integers(1, 3), label="chunk_instants")
+    n = data.draw(st.integers(1, 3), label="workers")
+    executors = [SharedExecutor(e, config, enabled=data.draw(st.booleans(), label="sharing"))
+                 for e in engines[id(config)][:n]]
+    out = run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k,
+                          rnd=random.Random(data.draw(st.integers(0, 2**32), label="seed")),
+                          incremental=data.draw(st.booleans(), label="incremental"), prune=data.draw(st.booleans()))
+    for i, text in enumerate(texts):
+        expected = evaluate_outcome(text, config, level, streams)
+        assert out[f"q{i + 1}"].error_ts == expected.error_ts, (text, out[f"q{i + 1}"].error, expected.error)
+        compare_results(out[f"q{i + 1}"].rows, expected.rows)
+
+
