@@ -106,6 +106,7 @@ from strata.mlscql import ast as A
 from strata.mlscql.analyze import CompiledQuery
 from strata.mlscql.printer import expr_text
 
+from .derived import DerivedRun
 from .expr import INTEGRAL, SPARK_TYPES, SqlCompiler, conjuncts, ident, level_of_mask
 from .setops import CompoundRun
 from .windows import (ERR, MASK, TAU, end_array, end_sql, in_instants_sql, instants_sql, membership_sql, slides,
@@ -292,6 +293,17 @@ class Engine:
             state = None
         return self._result(chunk, mode, rows, state, failure, time.perf_counter() - t0)
 
+    def evaluate(self, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode):
+        """(output rows, failure or None) of ``cq`` on ``chunk`` whose history travels as ``mode``
+        says (a part of a query over a subquery, worker/derived.py); failures isolated as in :meth:`run`."""
+        try:
+            rows, _, failure = _run_of(self, cq, chunk, mode).execute()
+        except Exception as exc:  # noqa: BLE001 - a failing query is that query's problem
+            if is_infrastructure_error(exc):
+                raise
+            rows, failure = self._isolate(cq, chunk, mode, exc)
+        return rows, failure
+
     def run_many(self, items: list[tuple[CompiledQuery, QueryChunk]]) -> list[ChunkResult]:
         """``[run(cq, chunk) for cq, chunk in items]``, with the queries' statements evaluated as
         one Spark statement (one parse, analysis, plan and job instead of one per query).
@@ -309,7 +321,7 @@ class Engine:
         pending: list[tuple[int, _Deferred]] = []
         for j, (cq, chunk) in enumerate(items):
             mode = legacy_mode(cq)
-            if mode is LegacyMode.STATE or cq.branches:
+            if mode is LegacyMode.STATE or cq.branches or cq.inner is not None:
                 continue  # its statement also returns the new state / a compound query: evaluated on its own
             try:
                 rows, state, failure = _Run(self, cq, chunk, mode, prefix=f"q{j}_", defer=True).execute()
@@ -558,6 +570,8 @@ def _run_of(engine: Engine, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMo
     """The evaluation of ``chunk`` for ``cq``: a compound query's (worker/setops.py) or a SELECT's."""
     if cq.branches:
         return _CompoundRun(engine, cq, chunk, mode)
+    if cq.inner is not None:
+        return DerivedRun(engine, cq, chunk, mode)
     return _Run(engine, cq, chunk, mode)
 
 

@@ -86,20 +86,28 @@ class CompiledQuery:
     #: holds the FROM items of all branches in order (``items`` too) and the written stream operator
     branches: tuple["CompiledQuery", ...] = ()
     set_ops: tuple[str, ...] = ()
+    #: a query over a subquery in FROM (``SELECT … FROM (SELECT …) x``): the subquery, compiled on its
+    #: own and evaluated as RSTREAM (its relation at every instant), and the outer query, compiled over
+    #: ``x`` as a stream whose tuples at τ are that relation's rows (``[NOW]``).  Then ``query`` and
+    #: ``items`` are the subquery's FROM items (what chunks carry) with the written stream operator
+    inner: "CompiledQuery | None" = None
+    outer: "CompiledQuery | None" = None
 
     @property
     def rewritten(self) -> str:
         """The rewritten text shown to the user (qualifiers dropped for one FROM item): the optimized
         query, or the rewritten one before optimization when an optimization kept instants that its
         text could not show (compiling the shown text gives this same query again)."""
-        if self.branches:
-            shown = tuple(b.shown for b in self.branches)
-            return to_text(A.Compound(shown, self.set_ops, self.query.r2s, self.query.wrapped))
         return to_text(self.shown)
 
     @property
-    def shown(self) -> A.Query:
-        """The query :attr:`rewritten` prints (a single SELECT)."""
+    def shown(self) -> "A.Query | A.Compound":
+        """The query :attr:`rewritten` prints."""
+        if self.branches:
+            return A.Compound(tuple(b.shown for b in self.branches), self.set_ops, self.query.r2s, self.query.wrapped)
+        if self.inner is not None:
+            o = self.outer.shown
+            return replace(o, from_=(A.FromItem(o.from_[0].stream, None, o.from_[0].stream, subquery=self.inner.shown),))
         q = self.before_optimization or self.query
         return q if len(self.items) > 1 else _strip_qualifiers(q)
 
@@ -133,6 +141,8 @@ class CompiledQuery:
         extra = {}
         if self.branches:
             extra = {"branches": [to_text(b.shown) for b in self.branches], "set_ops": list(self.set_ops)}
+        if self.inner is not None:
+            extra = {"subquery": {"name": self.outer.items[0].name, "query": self.inner.rewritten}}
         return {
             **extra,
             "level": self.level,
@@ -158,8 +168,8 @@ def legacy_mode(cq) -> LegacyMode:
     kinds = [f.window.kind for f in cq.query.from_]
     if "unbounded" not in kinds:
         return LegacyMode.WINDOW
-    if getattr(cq, "branches", ()):  # a compound query: the visible history of its unbounded items
-        return LegacyMode.HISTORY
+    if getattr(cq, "branches", ()) or getattr(cq, "inner", None) is not None:
+        return LegacyMode.HISTORY  # a compound or derived query: the visible history of its unbounded items
     if len(kinds) == 1:
         if cq.is_aggregate:
             if any(a.distinct for s in cq.query.select or () for a in A.aggregates_in(s.expr)) \
@@ -183,7 +193,40 @@ def compile_query(text: str, config: Config, level: str) -> CompiledQuery:
 def analyze(q: A.Query | A.Compound, config: Config, level: str, text: str | None = None) -> CompiledQuery:
     if isinstance(q, A.Compound):
         return _compound(q, config, level, text if text is not None else to_text(q))
+    if any(f.subquery is not None for f in q.from_):
+        return _derived(q, config, level, text if text is not None else to_text(q))
     return _Analyzer(config, level).run(q, text if text is not None else to_text(q))
+
+
+def _with_r2s(cq: CompiledQuery, r2s: str) -> CompiledQuery:
+    """``cq`` evaluated with stream operator ``r2s`` (its SELECTs too, for a compound query)."""
+    return replace(cq, r2s=r2s, branches=tuple(_with_r2s(b, r2s) for b in cq.branches),
+                   outer=None if cq.outer is None else _with_r2s(cq.outer, r2s))
+
+
+def _derived(q: A.Query, config: Config, level: str, text: str) -> CompiledQuery:
+    """``SELECT … FROM (subquery) x …``: the subquery is compiled on its own (authorized, rewritten,
+    optimized; SEMANTICS §4 applies inside it) and is a relation: at each of its instants, x holds
+    its rows, each with ``ts`` = the instant and ``level`` = the row's level.  The outer query is
+    compiled over x as a stream of those rows read through ``[NOW]``; its instants are the
+    subquery's.  x's columns are the subquery's, which need names the outer query can use."""
+    if len(q.from_) != 1:
+        raise SemanticError("FROM: a subquery must be the query's only FROM item (a join with a subquery "
+                            "is not supported)")
+    f = q.from_[0]
+    inner = analyze(f.subquery, config, level, to_text(f.subquery))
+    cols = []  # (the analyzer names output columns uniquely, never ts or level)
+    for k, o in enumerate(inner.outputs):
+        if not o.name.isidentifier():
+            raise SemanticError(f"subquery {f.alias}: name its column {k + 1} ({o.name}) with AS; the outer query "
+                                f"reads it by name")
+        cols.append((o.name, {"level": "string", "null": "string"}.get(o.type, o.type)))
+    schema = StreamSchema(f.alias, tuple(cols))
+    rows_cfg = replace(config, streams={f.alias: schema})
+    outer = _Analyzer(rows_cfg, level).run(replace(q, from_=(A.FromItem(f.alias, A.Window("now"), None),)), text)
+    query = A.Query(None, inner.query.from_, r2s=q.r2s, wrapped=q.wrapped)
+    return CompiledQuery(text, level, query, inner.items, outer.outputs, outer.r2s, outer.is_aggregate,
+                         inner.notes + outer.notes, inner=_with_r2s(inner, "RSTREAM"), outer=outer)
 
 
 def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQuery:
@@ -191,6 +234,10 @@ def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQ
     its own (SEMANTICS §4 per SELECT); the same number of columns in each, of types that combine
     (a long with a double is a double); the names are the first SELECT's.  The stream operator is
     the written one, else RSTREAM when a SELECT's list has an aggregate, else ISTREAM."""
+    for b in q.branches:
+        if any(f.subquery is not None for f in b.from_):
+            raise SemanticError("a SELECT of UNION or EXCEPT cannot read a subquery in FROM; put the UNION or "
+                                "EXCEPT inside the subquery instead")
     branches = [_Analyzer(config, level).run(b, to_text(b)) for b in q.branches]
     first = branches[0]
     types = [o.type for o in first.outputs]
@@ -206,7 +253,7 @@ def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQ
     outputs = tuple(OutputColumn(o.name, t) for o, t in zip(first.outputs, types))
     agg = any(A.aggregates_in(s.expr) for b in branches for s in b.query.select)
     r2s = q.r2s or ("RSTREAM" if agg else "ISTREAM")
-    branches = [replace(b, r2s=r2s) for b in branches]
+    branches = [_with_r2s(b, r2s) for b in branches]
     from_ = tuple(f for b in branches for f in b.query.from_)
     query = A.Query(None, from_, r2s=q.r2s, wrapped=q.wrapped)
     return CompiledQuery(text, level, query, tuple(it for b in branches for it in b.items), outputs, r2s,

@@ -156,6 +156,9 @@ class FromItem:
     stream: str
     window: Window | None = None
     alias: str | None = None
+    #: ``FROM (SELECT …) x``: a derived table, the relation of this query at each instant (then
+    #: ``stream`` and ``alias`` are its name and there is no window)
+    subquery: "Query | Compound | None" = None
 
     @property
     def name(self) -> str:

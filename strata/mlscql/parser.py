@@ -83,6 +83,14 @@ class _ToAst(Transformer):
     def from_list(self, *items):
         return tuple(items)
 
+    def from_subquery(self, q, alias):
+        """``(SELECT …) x``: a derived table; a relation, so its SELECTs carry no stream operator."""
+        inner = q.branches if isinstance(q, A.Compound) else (q,)
+        r2s = q.r2s or next((b.r2s for b in inner if b.r2s), None)
+        if r2s:
+            raise ParseError(f"a subquery in FROM is a relation: {r2s} belongs to the outer query")
+        return A.FromItem(str(alias), None, str(alias), subquery=q)
+
     def from_item(self, name, window, alias):
         return A.FromItem(str(name), window, str(alias) if alias else None)
 

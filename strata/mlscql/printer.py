@@ -130,6 +130,9 @@ def to_text(q: A.Query | A.Compound) -> str:
     )
     items = []
     for f in q.from_:
+        if f.subquery is not None:
+            items.append(f"({to_text(f.subquery)}) {f.alias}")
+            continue
         s = f.stream
         if f.window is not None:
             s += " " + window_text(f.window)

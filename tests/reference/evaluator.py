@@ -54,7 +54,7 @@ import itertools
 import math
 import numbers
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, Iterable
 
@@ -62,6 +62,7 @@ from strata.config import Config, StreamSchema
 from strata.lattice import Lattice
 from strata.mlscql import ast as A
 from strata.mlscql import compile_query, parse
+from strata.mlscql.printer import to_text
 
 __all__ = ["evaluate", "evaluate_outcome", "Outcome", "QueryFailed", "compare_results", "range_instants",
            "LONG_MIN", "LONG_MAX"]
@@ -120,9 +121,7 @@ def evaluate_outcome(query_text: str, config: Config, level: str, streams: dict[
     """Like :func:`evaluate`, but a failing query gives its rows before the failing instant
     and that instant with the reason instead of an exception."""
     compiled = compile_query(query_text, config, level)  # acceptance only
-    query = parse(query_text)
-    kind = _CompoundEvaluator if isinstance(query, A.Compound) else _Evaluator
-    ev = kind(query, config, config.lattice.parse(level), streams)
+    ev = _evaluator_of(parse(query_text), config, config.lattice.parse(level), streams)
     rows, error_ts, error = ev.run()
     width = len(compiled.outputs) + 2
     for r in rows:
@@ -701,6 +700,57 @@ def _sql_in(v, vals: list):
     if any(x is None for x in vals):
         return None
     return False
+
+
+def _evaluator_of(q, config: Config, level: str, streams: dict[str, list[dict]]):
+    if isinstance(q, A.Compound):
+        return _CompoundEvaluator(q, config, level, streams)
+    if any(getattr(f, "subquery", None) is not None for f in q.from_):
+        return _DerivedEvaluator(q, config, level, streams)
+    return _Evaluator(q, config, level, streams)
+
+
+class _DerivedEvaluator:
+    """``SELECT … FROM (subquery) x …`` (issue 16): at each instant of the subquery, x holds the
+    subquery's R(τ), each row with ``ts`` = τ, its level and its columns (named as the front end
+    names them); the outer query is evaluated over x with the window ``[NOW]`` at exactly the
+    subquery's instants (also those where R(τ) is empty).  The subquery failing at τ fails the
+    query at τ."""
+
+    def __init__(self, q: A.Query, config: Config, level: str, streams: dict[str, list[dict]]):
+        f = q.from_[0]
+        self.inner = _evaluator_of(f.subquery, config, level, streams)
+        # x's columns as the front end names and types them (naming is syntax: AS or the attribute)
+        outs = compile_query(to_text(f.subquery), config, level).outputs
+        names = [o.name for o in outs]
+        self.fail: tuple[int, str] | None = None
+        rows: list[dict] = []
+        self._instants: list[int] = []
+        for tau in self.inner.instants():
+            try:
+                rel = self.inner.relation(tau)
+            except _Failure as e:
+                self.fail = (tau, e.reason)
+                break
+            self._instants.append(tau)
+            rows += [{"ts": tau, "level": lvl, **dict(zip(names, vals))} for lvl, *vals in rel]
+        cols = tuple((o.name, {"level": "string", "null": "string"}.get(o.type, o.type)) for o in outs)
+        schema = StreamSchema(f.alias, cols)
+        self.outer = _Evaluator(replace(q, from_=(A.FromItem(f.alias, A.Window("now"), None),)),
+                                replace(config, streams={f.alias: schema}), level, {f.alias: rows})
+        self.lat, self.r2s = config.lattice, self.outer.r2s
+
+    def instants(self) -> list[int]:
+        return self._instants
+
+    def relation(self, tau: int) -> list[tuple]:
+        return self.outer.relation(tau)
+
+    def run(self):
+        rows, error_ts, error = _Evaluator.run(self)
+        if error_ts is None and self.fail is not None:
+            return rows, self.fail[0], self.fail[1]
+        return rows, error_ts, error
 
 
 class _CompoundEvaluator:
