@@ -38,6 +38,7 @@ QUERIES = [
     "SELECT AVG(bp) FROM Vitals [ROWS 3 WHERE bp > 120]",
     "SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Vitals [NOW] WHERE bp > 150",
     "RSTREAM(SELECT sid, bp FROM Vitals [RANGE 2 SECONDS] EXCEPT SELECT sid, bp FROM Vitals [NOW level in {U}])",
+    "SELECT n, COUNT(*) AS k FROM (SELECT sid, COUNT(*) AS n FROM Vitals [RANGE 3 SECONDS] GROUP BY sid) x GROUP BY n",
 ]
 
 
