@@ -44,6 +44,11 @@ TEXTS = [
     "SELECT DSTREAM * FROM (SELECT * FROM (SELECT bp FROM Vitals [ROWS 2]) a WHERE level = U) b",
     "SELECT m, COUNT(*) AS k FROM (SELECT sid, MAX(bp) AS m FROM Vitals GROUP BY sid) t GROUP BY m",
     "SELECT ISTREAM DISTINCT s FROM (SELECT sid AS s, bp FROM Vitals [NOW WHERE bp > 50]) q WHERE q.bp < 140",
+    # a subquery joined with a stream, and two subqueries joined
+    "SELECT v.sid, v.bp, x.a FROM Vitals [ROWS 1] v, (SELECT sid, MAX(bp) AS a FROM Vitals [RANGE 2] GROUP BY sid) x "
+    "WHERE v.sid = x.sid",
+    "SELECT RSTREAM x.sid, y.n FROM (SELECT sid FROM Positions [ROWS 1]) x, "
+    "(SELECT sid, COUNT(*) AS n FROM Vitals GROUP BY sid) y WHERE x.sid = y.sid",
 ]
 
 
@@ -54,17 +59,22 @@ def test_subqueries_parse_print_back_and_explain(battlefield):
     again = compile_query(cq.rewritten, battlefield, "S")
     assert again.rewritten == cq.rewritten and again.query == cq.query and again.outer.query == cq.outer.query
     assert to_text(parse(cq.rewritten)) == cq.rewritten
-    assert cq.to_json()["subquery"] == {"name": "x", "query": cq.inner.rewritten}
-    assert [o.name for o in cq.outputs] == ["sid"] and cq.r2s == "ISTREAM" and cq.inner.r2s == "RSTREAM"
+    assert cq.to_json()["subqueries"] == [{"name": "x", "query": cq.subqueries[0].rewritten}]
+    assert [o.name for o in cq.outputs] == ["sid"] and cq.r2s == "ISTREAM" and cq.subqueries[0].r2s == "RSTREAM"
     # the chunks carry the subquery's FROM items
     assert [f.stream for f in cq.query.from_] == ["Vitals"] and cq.items[0].stream == "Vitals"
     nested = compile_query(TEXTS[2], battlefield, "S")
-    assert nested.inner.inner is not None and nested.r2s == "DSTREAM"
+    assert nested.subqueries[0].subqueries[0] is not None and nested.r2s == "DSTREAM"
+    # joined with a stream: chunks carry the stream item, then the subquery's items
+    j = compile_query(TEXTS[5], battlefield, "S")
+    assert [f.window.kind for f in j.query.from_] == ["rows", "range"] and j.subqueries[0] is None
+    assert compile_query(j.rewritten, battlefield, "S").rewritten == j.rewritten
 
 
 @pytest.mark.parametrize("text,msg", [
     ("SELECT * FROM (SELECT COUNT(*) FROM Vitals) x", r"name its column 1 \(COUNT\(\*\)\) with AS"),
-    ("SELECT * FROM (SELECT sid FROM Vitals) x, Positions", "must be the query's only FROM item"),
+    ("SELECT * FROM (SELECT sid FROM Vitals) Positions", "is already a stream's"),
+    ("SELECT * FROM (SELECT sid FROM Vitals) x, (SELECT sid FROM Vitals) X", "or another subquery's"),
     ("SELECT * FROM (SELECT ISTREAM sid FROM Vitals) x", "a subquery in FROM is a relation"),
     ("SELECT x.bp FROM (SELECT sid FROM Vitals) x", "x has no attribute 'bp'"),
     ("SELECT * FROM (SELECT sid FROM Vitals [ROWS 1 level = TS]) x", "does not dominate"),
@@ -158,6 +168,7 @@ def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wal
     except QueryError:
         assume(False)
     c = data.draw(st.sampled_from(cols), label="column").name
+    stream = data.draw(st.sampled_from(sorted(config.streams)), label="stream")
     r2s = data.draw(st.sampled_from(["", "ISTREAM ", "RSTREAM ", "DSTREAM "]), label="r2s")
     shape = data.draw(st.sampled_from([
         f"SELECT {r2s}* FROM ({inner}) x",
@@ -166,6 +177,8 @@ def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wal
         f"SELECT {r2s}DISTINCT {c} FROM ({inner}) x",
         f"SELECT {r2s}{c} FROM ({inner}) AS x WHERE {c} IS NOT NULL",
         f"SELECT {r2s}COUNT(*) AS n FROM (SELECT * FROM ({inner}) y) x",
+        f"SELECT {r2s}x.{c}, s.level FROM ({inner}) x, {stream} [ROWS 1] s",
+        f"SELECT {r2s}COUNT(*) AS n FROM {stream} [NOW] s, ({inner}) x WHERE x.{c} IS NOT NULL",
     ]), label="outer")
     try:
         compile_query(shape, config, config.lattice.parse(level))

@@ -321,7 +321,7 @@ class Engine:
         pending: list[tuple[int, _Deferred]] = []
         for j, (cq, chunk) in enumerate(items):
             mode = legacy_mode(cq)
-            if mode is LegacyMode.STATE or cq.branches or cq.inner is not None:
+            if mode is LegacyMode.STATE or cq.branches or cq.subqueries:
                 continue  # its statement also returns the new state / a compound query: evaluated on its own
             try:
                 rows, state, failure = _Run(self, cq, chunk, mode, prefix=f"q{j}_", defer=True).execute()
@@ -570,7 +570,7 @@ def _run_of(engine: Engine, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMo
     """The evaluation of ``chunk`` for ``cq``: a compound query's (worker/setops.py) or a SELECT's."""
     if cq.branches:
         return _CompoundRun(engine, cq, chunk, mode)
-    if cq.inner is not None:
+    if cq.subqueries:
         return DerivedRun(engine, cq, chunk, mode)
     return _Run(engine, cq, chunk, mode)
 

@@ -86,11 +86,12 @@ class CompiledQuery:
     #: holds the FROM items of all branches in order (``items`` too) and the written stream operator
     branches: tuple["CompiledQuery", ...] = ()
     set_ops: tuple[str, ...] = ()
-    #: a query over a subquery in FROM (``SELECT … FROM (SELECT …) x``): the subquery, compiled on its
-    #: own and evaluated as RSTREAM (its relation at every instant), and the outer query, compiled over
-    #: ``x`` as a stream whose tuples at τ are that relation's rows (``[NOW]``).  Then ``query`` and
-    #: ``items`` are the subquery's FROM items (what chunks carry) with the written stream operator
-    inner: "CompiledQuery | None" = None
+    #: a query over subqueries in FROM (``SELECT … FROM (SELECT …) x, Vitals [ROWS 5] v``): per FROM item
+    #: of the outer query, its subquery compiled on its own and evaluated as RSTREAM (its relation at
+    #: every instant), or None for a stream; and the outer query, compiled over each ``x`` as a stream
+    #: whose tuples at τ are that relation's rows (``[NOW]``).  Then ``query`` and ``items`` are what
+    #: chunks carry: per outer FROM item, the stream item or the subquery's FROM items, in order
+    subqueries: tuple["CompiledQuery | None", ...] = ()
     outer: "CompiledQuery | None" = None
 
     @property
@@ -105,9 +106,10 @@ class CompiledQuery:
         """The query :attr:`rewritten` prints."""
         if self.branches:
             return A.Compound(tuple(b.shown for b in self.branches), self.set_ops, self.query.r2s, self.query.wrapped)
-        if self.inner is not None:
+        if self.subqueries:
             o = self.outer.shown
-            return replace(o, from_=(A.FromItem(o.from_[0].stream, None, o.from_[0].stream, subquery=self.inner.shown),))
+            return replace(o, from_=tuple(f if sub is None else A.FromItem(f.stream, None, f.stream, subquery=sub.shown)
+                                          for f, sub in zip(o.from_, self.subqueries)))
         q = self.before_optimization or self.query
         return q if len(self.items) > 1 else _strip_qualifiers(q)
 
@@ -141,8 +143,9 @@ class CompiledQuery:
         extra = {}
         if self.branches:
             extra = {"branches": [to_text(b.shown) for b in self.branches], "set_ops": list(self.set_ops)}
-        if self.inner is not None:
-            extra = {"subquery": {"name": self.outer.items[0].name, "query": self.inner.rewritten}}
+        if self.subqueries:
+            extra = {"subqueries": [{"name": it.name, "query": sub.rewritten}
+                                    for it, sub in zip(self.outer.items, self.subqueries) if sub is not None]}
         return {
             **extra,
             "level": self.level,
@@ -168,7 +171,7 @@ def legacy_mode(cq) -> LegacyMode:
     kinds = [f.window.kind for f in cq.query.from_]
     if "unbounded" not in kinds:
         return LegacyMode.WINDOW
-    if getattr(cq, "branches", ()) or getattr(cq, "inner", None) is not None:
+    if getattr(cq, "branches", ()) or getattr(cq, "subqueries", ()):
         return LegacyMode.HISTORY  # a compound or derived query: the visible history of its unbounded items
     if len(kinds) == 1:
         if cq.is_aggregate:
@@ -205,28 +208,44 @@ def _with_r2s(cq: CompiledQuery, r2s: str) -> CompiledQuery:
 
 
 def _derived(q: A.Query, config: Config, level: str, text: str) -> CompiledQuery:
-    """``SELECT … FROM (subquery) x …``: the subquery is compiled on its own (authorized, rewritten,
-    optimized; SEMANTICS §4 applies inside it) and is a relation: at each of its instants, x holds
-    its rows, each with ``ts`` = the instant and ``level`` = the row's level.  The outer query is
-    compiled over x as a stream of those rows read through ``[NOW]``; its instants are the
-    subquery's.  x's columns are the subquery's, which need names the outer query can use."""
-    if len(q.from_) != 1:
-        raise SemanticError("FROM: a subquery must be the query's only FROM item (a join with a subquery "
-                            "is not supported)")
-    f = q.from_[0]
-    inner = analyze(f.subquery, config, level, to_text(f.subquery))
-    cols = []  # (the analyzer names output columns uniquely, never ts or level)
-    for k, o in enumerate(inner.outputs):
-        if not o.name.isidentifier():
-            raise SemanticError(f"subquery {f.alias}: name its column {k + 1} ({o.name}) with AS; the outer query "
-                                f"reads it by name")
-        cols.append((o.name, {"level": "string", "null": "string"}.get(o.type, o.type)))
-    schema = StreamSchema(f.alias, tuple(cols))
-    rows_cfg = replace(config, streams={f.alias: schema})
-    outer = _Analyzer(rows_cfg, level).run(replace(q, from_=(A.FromItem(f.alias, A.Window("now"), None),)), text)
-    query = A.Query(None, inner.query.from_, r2s=q.r2s, wrapped=q.wrapped)
-    return CompiledQuery(text, level, query, inner.items, outer.outputs, outer.r2s, outer.is_aggregate,
-                         inner.notes + outer.notes, inner=_with_r2s(inner, "RSTREAM"), outer=outer)
+    """``SELECT … FROM (subquery) x [, Stream [window] …] …``: each subquery is compiled on its own
+    (authorized, rewritten, optimized; SEMANTICS §4 applies inside it) and is a relation: at each
+    instant x holds its rows, each with ``ts`` = the instant and ``level`` = the row's level.  The
+    outer query is compiled over each x as a stream of those rows read through ``[NOW]``, next to
+    its stream items; its instants are those of all the streams below it.  x's columns are the
+    subquery's, which need names the outer query can use."""
+    streams = {n.lower() for n in config.streams}
+    subs: list[CompiledQuery | None] = []
+    pseudo: dict[str, StreamSchema] = {}
+    from_ = []
+    for f in q.from_:
+        if f.subquery is None:
+            subs.append(None)
+            from_.append(f)
+            continue
+        if f.alias.lower() in streams or f.alias.lower() in {p.lower() for p in pseudo}:
+            raise SemanticError(f"FROM: the subquery's name {f.alias!r} is already a stream's or another "
+                                f"subquery's; choose another")
+        inner = analyze(f.subquery, config, level, to_text(f.subquery))
+        cols = []  # (the analyzer names output columns uniquely, never ts or level)
+        for k, o in enumerate(inner.outputs):
+            if not o.name.isidentifier():
+                raise SemanticError(f"subquery {f.alias}: name its column {k + 1} ({o.name}) with AS; the outer "
+                                    f"query reads it by name")
+            cols.append((o.name, {"level": "string", "null": "string"}.get(o.type, o.type)))
+        pseudo[f.alias] = StreamSchema(f.alias, tuple(cols))
+        subs.append(_with_r2s(inner, "RSTREAM"))
+        from_.append(A.FromItem(f.alias, A.Window("now"), None))
+    rows_cfg = replace(config, streams={**config.streams, **pseudo})
+    outer = _Analyzer(rows_cfg, level).run(replace(q, from_=tuple(from_)), text)
+    chunk_from, items = [], []
+    for f, it, sub in zip(outer.query.from_, outer.items, subs):
+        chunk_from += [f] if sub is None else list(sub.query.from_)
+        items += [it] if sub is None else list(sub.items)
+    query = A.Query(None, tuple(chunk_from), r2s=q.r2s, wrapped=q.wrapped)
+    notes = tuple(n for sub in subs if sub is not None for n in sub.notes) + outer.notes
+    return CompiledQuery(text, level, query, tuple(items), outer.outputs, outer.r2s, outer.is_aggregate, notes,
+                         subqueries=tuple(subs), outer=outer)
 
 
 def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQuery:

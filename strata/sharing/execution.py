@@ -49,8 +49,9 @@ def from_key(cq: CompiledQuery, instant_seconds: float = 1.0) -> tuple:
 
 def complete_key(cq: CompiledQuery, instant_seconds: float = 1.0) -> tuple:
     """Equal keys ⇔ the queries compute the same rows (aliases and output names aside)."""
-    if cq.inner is not None:  # a query over a subquery: its subquery's key and the outer query's
-        return ("derived", complete_key(cq.inner, instant_seconds), complete_key(cq.outer, instant_seconds))
+    if cq.subqueries:  # a query over subqueries: their keys and the outer query's
+        return ("derived", tuple(None if s is None else complete_key(s, instant_seconds) for s in cq.subqueries),
+                complete_key(cq.outer, instant_seconds))
     if cq.branches:  # a compound query: its SELECTs' keys and how they combine
         return ("compound", tuple(complete_key(b, instant_seconds) for b in cq.branches), cq.set_ops, cq.r2s,
                 tuple(o.type for o in cq.outputs))
@@ -122,7 +123,7 @@ class MergedPlan:
 
 
 def _merge_class(cq: CompiledQuery) -> str | None:
-    if cq.branches or cq.inner is not None:
+    if cq.branches or cq.subqueries:
         return None  # a compound or derived query is evaluated on its own (or with its complete group)
     mode = legacy_mode(cq)
     if mode in (LegacyMode.WINDOW, LegacyMode.HISTORY):

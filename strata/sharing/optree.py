@@ -111,7 +111,7 @@ def describe(n: Node, lattice=None) -> str:
     if n.op == "r2s":
         return p["r2s"]
     if n.op == "derived":
-        return "derived(outer query over the subquery's relation)"
+        return "derived(outer query over the subqueries' relations)"
     if n.op == "set_op":
         return f"set_op({', '.join(p['ops'])})"
     return n.op
@@ -249,10 +249,10 @@ def build_tree(cq, mode: str = "trusted", instant_seconds: float = 1.0) -> Opera
     """
     if mode not in ("trusted", "replicated"):
         raise ValueError("mode must be 'replicated' or 'trusted'")
-    if cq.inner is not None:  # a query over a subquery: the subquery's tree below the outer query's
-        sub = build_tree(cq.inner, mode, instant_seconds).root.inputs[0]
+    if cq.subqueries:  # a query over subqueries: their trees below the outer query's
+        subs = tuple(build_tree(s, mode, instant_seconds).root.inputs[0] for s in cq.subqueries if s is not None)
         outer = build_tree(cq.outer, mode, instant_seconds).root
-        top = Node("derived", (("outer", outer),), (sub,))
+        top = Node("derived", (("outer", outer),), subs)
         return OperatorTree(Node("r2s", (("r2s", cq.r2s),), (top,)), cq.level, cq.text)
     if cq.branches:  # a compound query: its SELECTs' trees below one set operator node, then its R2S
         subs = tuple(build_tree(b, mode, instant_seconds).root.inputs[0] for b in cq.branches)

@@ -711,46 +711,41 @@ def _evaluator_of(q, config: Config, level: str, streams: dict[str, list[dict]])
 
 
 class _DerivedEvaluator:
-    """``SELECT … FROM (subquery) x …`` (issue 16): at each instant of the subquery, x holds the
-    subquery's R(τ), each row with ``ts`` = τ, its level and its columns (named as the front end
-    names them); the outer query is evaluated over x with the window ``[NOW]`` at exactly the
-    subquery's instants (also those where R(τ) is empty).  The subquery failing at τ fails the
-    query at τ."""
+    """``SELECT … FROM (subquery) x [, Stream [window] …] …`` (issue 16): at every instant τ of the
+    query (the arrivals of its stream items' visible substreams and each subquery's instants), x
+    holds the subquery's R(τ), each row with ``ts`` = τ, its level and its columns (named as the
+    front end names them); the outer query reads x through the window ``[NOW]``.  A subquery
+    failing at τ fails the query at τ."""
 
     def __init__(self, q: A.Query, config: Config, level: str, streams: dict[str, list[dict]]):
-        f = q.from_[0]
-        self.inner = _evaluator_of(f.subquery, config, level, streams)
-        # x's columns as the front end names and types them (naming is syntax: AS or the attribute)
-        outs = compile_query(to_text(f.subquery), config, level).outputs
-        names = [o.name for o in outs]
-        self.fail: tuple[int, str] | None = None
-        rows: list[dict] = []
-        self._instants: list[int] = []
-        for tau in self.inner.instants():
-            try:
-                rel = self.inner.relation(tau)
-            except _Failure as e:
-                self.fail = (tau, e.reason)
-                break
-            self._instants.append(tau)
-            rows += [{"ts": tau, "level": lvl, **dict(zip(names, vals))} for lvl, *vals in rel]
-        cols = tuple((o.name, {"level": "string", "null": "string"}.get(o.type, o.type)) for o in outs)
-        schema = StreamSchema(f.alias, cols)
-        self.outer = _Evaluator(replace(q, from_=(A.FromItem(f.alias, A.Window("now"), None),)),
-                                replace(config, streams={f.alias: schema}), level, {f.alias: rows})
+        self.subs: dict[int, tuple] = {}  # outer FROM position → (evaluator, column names)
+        pseudo: dict[str, StreamSchema] = {}
+        from_ = []
+        for k, f in enumerate(q.from_):
+            if f.subquery is None:
+                from_.append(f)
+                continue
+            # x's columns as the front end names and types them (naming is syntax: AS or the attribute)
+            outs = compile_query(to_text(f.subquery), config, level).outputs
+            self.subs[k] = (_evaluator_of(f.subquery, config, level, streams), [o.name for o in outs])
+            pseudo[f.alias] = StreamSchema(
+                f.alias, tuple((o.name, {"level": "string", "null": "string"}.get(o.type, o.type)) for o in outs))
+            from_.append(A.FromItem(f.alias, A.Window("now"), None))
+        self.outer = _Evaluator(replace(q, from_=tuple(from_)), replace(config, streams={**config.streams, **pseudo}),
+                                level, streams)
         self.lat, self.r2s = config.lattice, self.outer.r2s
 
     def instants(self) -> list[int]:
-        return self._instants
+        own = {t["ts"] for k, it in enumerate(self.outer.items) if k not in self.subs for t in it.visible}
+        return sorted(own.union(*(set(ev.instants()) for ev, _ in self.subs.values())))
 
     def relation(self, tau: int) -> list[tuple]:
+        for k, (ev, names) in self.subs.items():  # x at τ: the subquery's R(τ) (a _Failure propagates)
+            rows = [{"ts": tau, "level": lvl, **dict(zip(names, vals))} for lvl, *vals in ev.relation(tau)]
+            self.outer.items[k].visible = self.outer.items[k].held = rows
         return self.outer.relation(tau)
 
-    def run(self):
-        rows, error_ts, error = _Evaluator.run(self)
-        if error_ts is None and self.fail is not None:
-            return rows, self.fail[0], self.fail[1]
-        return rows, error_ts, error
+    run = _Evaluator.run
 
 
 class _CompoundEvaluator:
