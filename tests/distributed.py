@@ -17,13 +17,15 @@ import random
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from hypothesis import strategies as st
 
 from strata.chunking.model import Chunk, ChunkResult
 from strata.master.local import cut_chunks
 
-from .tables import rows_of
+from .reference.evaluator import compare_results, evaluate_outcome
+from .tables import inputs_of, rows_of
 
-__all__ = ["Output", "run_distributed"]
+__all__ = ["Output", "run_distributed", "assert_reference", "drawn_run", "check_examples"]
 
 
 @dataclass
@@ -123,3 +125,50 @@ def _assemble(order: list[Chunk], results: dict[int, list[ChunkResult]], ids: li
             else:
                 o.rows += rows
     return out
+
+
+def assert_reference(config, level: str, texts: list[str], streams: dict[str, list[dict]],
+                     out: dict[str, Output]) -> None:
+    """Every query's distributed output (``run_distributed`` on ``streams``) equals the reference
+    evaluation: the same failing instant, if any, and the same rows."""
+    for i, text in enumerate(texts):
+        expected = evaluate_outcome(text, config, level, streams)
+        actual = out[f"q{i + 1}"]
+        assert actual.error_ts == expected.error_ts, (text, actual.error, expected.error)
+        compare_results(actual.rows, expected.rows)
+
+
+def drawn_run(data, config, level: str, texts: list[str], streams: dict[str, list[dict]], engines: list,
+              prune: bool = True) -> dict[str, Output]:
+    """``run_distributed`` with hypothesis-drawn settings: chunks of 1-3 instants, 1-3 of ``engines``
+    as workers, sharing on or off, a seed for the completion order, cut incrementally (running
+    states between chunks) or not, and with ``prune`` ROWS pruning as on the wire or not."""
+    from strata.worker.shared import SharedExecutor
+
+    k = data.draw(st.integers(1, 3), label="chunk_instants")
+    n = data.draw(st.integers(1, 3), label="workers")
+    executors = [SharedExecutor(e, config, enabled=data.draw(st.booleans(), label="sharing")) for e in engines[:n]]
+    return run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k,
+                           rnd=random.Random(data.draw(st.integers(0, 2**32), label="seed")),
+                           incremental=data.draw(st.booleans(), label="incremental"),
+                           prune=prune and data.draw(st.booleans(), label="prune"))
+
+
+def check_examples(config, texts: list[str], plain: dict[str, list[dict]], above: dict[str, list[dict]],
+                   executors: list, incremental: tuple[int, ...], low: str = "U", high: str = "S") -> None:
+    """``texts`` at ``low`` and ``high`` through chunks of 1-3 instants on ``executors`` (cut incrementally
+    for the chunk lengths in ``incremental``), on ``plain`` and on ``plain`` plus ``above`` (tuples above
+    ``low``), all equal to the reference; and a ``low`` session's output is the same with and without
+    the tuples above it."""
+    with_above = {s: sorted(rows + above.get(s, []), key=lambda r: r["ts"]) for s, rows in plain.items()}
+    for level in (low, high):
+        for k in (1, 2, 3):
+            outs = []
+            for streams in (plain, with_above):
+                out = run_distributed(config, level, texts, inputs_of(config, streams), executors,
+                                      chunk_instants=k, rnd=random.Random(k), incremental=k in incremental)
+                assert_reference(config, level, texts, streams, out)
+                outs.append(out)
+            if level == low:
+                for i, text in enumerate(texts):
+                    assert sorted(outs[0][f"q{i + 1}"].rows) == sorted(outs[1][f"q{i + 1}"].rows), text

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import run_distributed
+from .distributed import assert_reference, drawn_run, run_distributed
 from .reference.evaluator import compare_results, evaluate, evaluate_outcome
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of
@@ -205,23 +205,9 @@ def test_distinct_sums_of_longs_through_chunks(chinese_wall, engines):  # noqa: 
 @SETTINGS
 @given(data=st.data())
 def test_random_distinct_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
-    from strata.worker.shared import SharedExecutor
-
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
     form = data.draw(st.sampled_from([distinct_queries, count_distinct_queries, distinct_grouped_queries]), label="form")
     texts = [data.draw(form(config, level), label=f"query{i}") for i in range(data.draw(st.integers(1, 2)))]
     streams = data.draw(multistream(config), label="streams")
-    k = data.draw(st.integers(1, 3), label="chunk_instants")
-    n = data.draw(st.integers(1, 3), label="workers")
-    sharing = data.draw(st.booleans(), label="sharing")
-    incremental = data.draw(st.booleans(), label="cut incrementally (running states between chunks)")
-    rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
-    executors = [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
-    out = run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k, rnd=rnd,
-                          prune=data.draw(st.booleans(), label="prune"), incremental=incremental)
-    for i, text in enumerate(texts):
-        expected = evaluate_outcome(text, config, level, streams)
-        actual = out[f"q{i + 1}"]
-        assert actual.error_ts == expected.error_ts, (text, actual.error, expected.error)
-        compare_results(actual.rows, expected.rows)
+    assert_reference(config, level, texts, streams, drawn_run(data, config, level, texts, streams, engines[id(config)]))

@@ -9,8 +9,6 @@ the lub of the left rows it stands for (docs/semantics.md §3)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import run_distributed
+from .distributed import assert_reference, check_examples, drawn_run, run_distributed
 from .reference.evaluator import compare_results, evaluate, evaluate_outcome
 from .strategies import compound_queries, example_settings, multistream
 from .tables import inputs_of
@@ -103,27 +101,11 @@ def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # n
     from strata.worker.shared import SharedExecutor
 
     executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
-    plain = {"Vitals": VITALS, "Positions": POSITIONS}
-    above = {s: sorted(rows + ABOVE[s], key=lambda r: r["ts"]) for s, rows in plain.items()}
-    for level in ("U", "S"):
-        for k in (1, 2, 3):
-            outs = []
-            for streams in (plain, above):
-                out = run_distributed(battlefield, level, TEXTS, inputs_of(battlefield, streams), executors,
-                                      chunk_instants=k, rnd=random.Random(k), incremental=k == 2)
-                for i, text in enumerate(TEXTS):
-                    exp = evaluate_outcome(text, battlefield, level, streams)
-                    assert out[f"q{i + 1}"].error_ts == exp.error_ts, text
-                    compare_results(out[f"q{i + 1}"].rows, exp.rows)
-                outs.append(out)
-            if level == "U":
-                for i in range(len(TEXTS)):
-                    assert sorted(outs[0][f"q{i + 1}"].rows) == sorted(outs[1][f"q{i + 1}"].rows), TEXTS[i]
+    check_examples(battlefield, TEXTS, {"Vitals": VITALS, "Positions": POSITIONS}, ABOVE, executors, incremental=(2,))
 
 
 def test_a_failing_select_fails_the_compound_query_at_its_instant(battlefield):
     rows = [_v(1, "U", "a", 1), _v(2, "U", "b", 2)]
-    rows[1]["pr"] = 1.0
     text = "SELECT sid FROM Vitals [NOW] UNION SELECT sid FROM Vitals [NOW] WHERE ts * 4611686018427387904 > 0"
     out = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
     assert out.error_ts == 2 and out.rows == [(1, "U", "a")]
@@ -151,24 +133,10 @@ def test_a_failing_select_fails_the_distributed_query_too(battlefield, engines):
 def test_random_compound_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
     """Random UNION / UNION ALL / EXCEPT queries through chunks of random length, several workers,
     sharing on or off, states carried between chunks or not, against the reference."""
-    from strata.worker.shared import SharedExecutor
-
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
     texts = [data.draw(compound_queries(config, config.lattice.parse(level)), label="query")]
     if data.draw(st.booleans(), label="two"):  # a second query: shared evaluation on the workers
         texts.append(data.draw(st.sampled_from([texts[0], data.draw(compound_queries(config, level))]), label="q2"))
     streams = data.draw(multistream(config), label="streams")
-    k = data.draw(st.integers(1, 3), label="chunk_instants")
-    n = data.draw(st.integers(1, 3), label="workers")
-    executors = [SharedExecutor(e, config, enabled=data.draw(st.booleans(), label="sharing"))
-                 for e in engines[id(config)][:n]]
-    out = run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k,
-                          rnd=random.Random(data.draw(st.integers(0, 2**32), label="seed")),
-                          incremental=data.draw(st.booleans(), label="incremental"), prune=data.draw(st.booleans()))
-    for i, text in enumerate(texts):
-        expected = evaluate_outcome(text, config, level, streams)
-        assert out[f"q{i + 1}"].error_ts == expected.error_ts, (text, out[f"q{i + 1}"].error, expected.error)
-        compare_results(out[f"q{i + 1}"].rows, expected.rows)
-
-
+    assert_reference(config, level, texts, streams, drawn_run(data, config, level, texts, streams, engines[id(config)]))

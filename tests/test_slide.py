@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import run_distributed
-from .reference.evaluator import compare_results, evaluate, evaluate_outcome
+from .distributed import assert_reference, drawn_run, run_distributed
+from .reference.evaluator import evaluate
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of
 from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
@@ -81,10 +81,7 @@ def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # no
         for k in (1, 2, 3):
             out = run_distributed(battlefield, level, texts, inputs_of(battlefield, {"Vitals": ROWS}), executors,
                                   chunk_instants=k, rnd=random.Random(k))
-            for i, text in enumerate(texts):
-                exp = evaluate_outcome(text, battlefield, level, {"Vitals": ROWS})
-                assert out[f"q{i + 1}"].error_ts == exp.error_ts, text
-                compare_results(out[f"q{i + 1}"].rows, exp.rows)
+            assert_reference(battlefield, level, texts, {"Vitals": ROWS}, out)
 
 
 @pytest.mark.spark
@@ -93,8 +90,6 @@ def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # no
 def test_random_slide_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
     """Random queries with a SLIDE window through chunks of random length, several workers, sharing
     on or off, states carried between chunks or not, against the reference."""
-    from strata.worker.shared import SharedExecutor
-
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
     text = data.draw(queries(config, level), label="query")
@@ -104,13 +99,5 @@ def test_random_slide_queries_equal_reference(battlefield, chinese_wall, engines
     except QueryError:
         assume(False)
     streams = data.draw(multistream(config), label="streams")
-    k = data.draw(st.integers(1, 3), label="chunk_instants")
-    n = data.draw(st.integers(1, 3), label="workers")
-    executors = [SharedExecutor(e, config, enabled=data.draw(st.booleans(), label="sharing"))
-                 for e in engines[id(config)][:n]]
-    out = run_distributed(config, level, [text], inputs_of(config, streams), executors, chunk_instants=k,
-                          rnd=random.Random(data.draw(st.integers(0, 2**32), label="seed")),
-                          incremental=data.draw(st.booleans(), label="incremental"))
-    expected = evaluate_outcome(text, config, level, streams)
-    assert out["q1"].error_ts == expected.error_ts, (text, out["q1"].error, expected.error)
-    compare_results(out["q1"].rows, expected.rows)
+    assert_reference(config, level, [text], streams, drawn_run(data, config, level, [text], streams,
+                                                               engines[id(config)], prune=False))

@@ -8,8 +8,6 @@ input tuples below them (docs/semantics.md §3).  Recursively: a subquery may it
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -18,7 +16,7 @@ from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql import ast as A
 from strata.mlscql.printer import to_text
 
-from .distributed import run_distributed
+from .distributed import assert_reference, check_examples, drawn_run, run_distributed
 from .reference.evaluator import compare_results, evaluate, evaluate_outcome
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of
@@ -108,22 +106,8 @@ def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # n
     from strata.worker.shared import SharedExecutor
 
     executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
-    plain = {"Vitals": VITALS, "Positions": POSITIONS}
-    above = {s: sorted(rows + ABOVE[s], key=lambda r: r["ts"]) for s, rows in plain.items()}
-    for level in ("U", "S"):
-        for k in (1, 2, 3):
-            outs = []
-            for streams in (plain, above):
-                out = run_distributed(battlefield, level, TEXTS, inputs_of(battlefield, streams), executors,
-                                      chunk_instants=k, rnd=random.Random(k), incremental=k != 2)
-                for i, text in enumerate(TEXTS):
-                    exp = evaluate_outcome(text, battlefield, level, streams)
-                    assert out[f"q{i + 1}"].error_ts == exp.error_ts, text
-                    compare_results(out[f"q{i + 1}"].rows, exp.rows)
-                outs.append(out)
-            if level == "U":
-                for i in range(len(TEXTS)):
-                    assert sorted(outs[0][f"q{i + 1}"].rows) == sorted(outs[1][f"q{i + 1}"].rows), TEXTS[i]
+    check_examples(battlefield, TEXTS, {"Vitals": VITALS, "Positions": POSITIONS}, ABOVE, executors,
+                   incremental=(1, 3))
 
 
 @pytest.mark.spark
@@ -157,8 +141,6 @@ def _named(text: str) -> str | None:
 def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
     """Random outer queries (projection, selection, aggregates, DISTINCT, stream operators) over
     random subqueries, through chunks of random length on several workers, against the reference."""
-    from strata.worker.shared import SharedExecutor
-
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
     inner = _named(data.draw(queries(config, level), label="subquery"))
@@ -185,13 +167,5 @@ def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wal
     except QueryError:
         assume(False)
     streams = data.draw(multistream(config), label="streams")
-    k = data.draw(st.integers(1, 3), label="chunk_instants")
-    n = data.draw(st.integers(1, 3), label="workers")
-    executors = [SharedExecutor(e, config, enabled=data.draw(st.booleans(), label="sharing"))
-                 for e in engines[id(config)][:n]]
-    out = run_distributed(config, level, [shape], inputs_of(config, streams), executors, chunk_instants=k,
-                          rnd=random.Random(data.draw(st.integers(0, 2**32), label="seed")),
-                          incremental=data.draw(st.booleans(), label="incremental"), prune=data.draw(st.booleans()))
-    expected = evaluate_outcome(shape, config, level, streams)
-    assert out["q1"].error_ts == expected.error_ts, (shape, out["q1"].error, expected.error)
-    compare_results(out["q1"].rows, expected.rows)
+    assert_reference(config, level, [shape], streams, drawn_run(data, config, level, [shape], streams,
+                                                                engines[id(config)]))

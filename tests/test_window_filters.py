@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import run_distributed
-from .reference.evaluator import compare_results, evaluate, evaluate_outcome
+from .distributed import assert_reference, drawn_run, run_distributed
+from .reference.evaluator import evaluate
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of
 from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
@@ -111,10 +111,7 @@ def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # n
             for incremental in (False, True):
                 out = run_distributed(battlefield, level, mine, inputs_of(battlefield, {"Vitals": ROWS}),
                                       executors, chunk_instants=k, rnd=random.Random(k), incremental=incremental)
-                for i, text in enumerate(mine):
-                    exp = evaluate_outcome(text, battlefield, level, {"Vitals": ROWS})
-                    assert out[f"q{i + 1}"].error_ts == exp.error_ts, text
-                    compare_results(out[f"q{i + 1}"].rows, exp.rows)
+                assert_reference(battlefield, level, mine, {"Vitals": ROWS}, out)
 
 
 # ---------------------------------------------------------------------------- Arrow = Spark
@@ -195,8 +192,6 @@ def test_arrow_evaluation_of_window_conditions_equals_spark(spark, cond, rows):
 def test_random_window_condition_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
     """Random queries with a window condition through chunks of random length, several workers,
     sharing on or off, states carried between chunks or not, against the reference."""
-    from strata.worker.shared import SharedExecutor
-
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
     text = data.draw(queries(config, level), label="query")
@@ -206,13 +201,5 @@ def test_random_window_condition_queries_equal_reference(battlefield, chinese_wa
         assume(False)
     assume(any(f.window.filter is not None for f in cq.query.from_))
     streams = data.draw(multistream(config), label="streams")
-    k = data.draw(st.integers(1, 3), label="chunk_instants")
-    n = data.draw(st.integers(1, 3), label="workers")
-    executors = [SharedExecutor(e, config, enabled=data.draw(st.booleans(), label="sharing"))
-                 for e in engines[id(config)][:n]]
-    out = run_distributed(config, level, [text], inputs_of(config, streams), executors, chunk_instants=k,
-                          rnd=random.Random(data.draw(st.integers(0, 2**32), label="seed")),
-                          incremental=data.draw(st.booleans(), label="incremental"), prune=data.draw(st.booleans()))
-    expected = evaluate_outcome(text, config, level, streams)
-    assert out["q1"].error_ts == expected.error_ts, (text, out["q1"].error, expected.error)
-    compare_results(out["q1"].rows, expected.rows)
+    assert_reference(config, level, [text], streams, drawn_run(data, config, level, [text], streams,
+                                                               engines[id(config)]))

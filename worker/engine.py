@@ -284,25 +284,24 @@ class Engine:
         """
         t0 = time.perf_counter()
         mode = legacy_mode(cq)
-        try:
-            rows, state, failure = _run_of(self, cq, chunk, mode).execute()
-        except Exception as exc:  # noqa: BLE001 - a failing query is that query's problem
-            if not isolate or is_infrastructure_error(exc):
-                raise
-            rows, failure = self._isolate(cq, chunk, mode, exc)
-            state = None
+        rows, state, failure = self._execute(cq, chunk, mode, isolate)
         return self._result(chunk, mode, rows, state, failure, time.perf_counter() - t0)
 
     def evaluate(self, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode):
         """(output rows, failure or None) of ``cq`` on ``chunk`` whose history travels as ``mode``
         says (a part of a query over a subquery, worker/derived.py); failures isolated as in :meth:`run`."""
+        rows, _, failure = self._execute(cq, chunk, mode, isolate=True)
+        return rows, failure
+
+    def _execute(self, cq: CompiledQuery, chunk: QueryChunk, mode: LegacyMode, isolate: bool):
+        """(rows, state, failure); with ``isolate`` an exception becomes the query's failure (no state)."""
         try:
-            rows, _, failure = _run_of(self, cq, chunk, mode).execute()
+            return _run_of(self, cq, chunk, mode).execute()
         except Exception as exc:  # noqa: BLE001 - a failing query is that query's problem
-            if is_infrastructure_error(exc):
+            if not isolate or is_infrastructure_error(exc):
                 raise
             rows, failure = self._isolate(cq, chunk, mode, exc)
-        return rows, failure
+            return rows, None, failure
 
     def run_many(self, items: list[tuple[CompiledQuery, QueryChunk]]) -> list[ChunkResult]:
         """``[run(cq, chunk) for cq, chunk in items]``, with the queries' statements evaluated as
