@@ -38,9 +38,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.arrowio import ARROW_TYPES
+from strata.config import OP_COLUMN, RELATION_OPS
 from strata.lattice import LevelError
 
-from . import filters
+from . import filters, relations
 from .model import Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
 
 __all__ = ["Chunker", "ChunkingError", "stream_schema", "merge_chunks", "split_result"]
@@ -58,9 +59,12 @@ class ChunkingError(ValueError):
 
 
 def stream_schema(schema) -> pa.Schema:
-    """Arrow schema of item tables of a stream: ``_seq, ts, level``, attributes in declaration order."""
+    """Arrow schema of item tables of a stream: ``_seq, ts, level``, attributes in declaration order;
+    a stored relation's also ``_del`` (:mod:`chunking.relations`)."""
     fields = [pa.field("_seq", pa.int64()), pa.field("ts", pa.int64()), pa.field("level", pa.string())]
     fields += [pa.field(name, ARROW_TYPES[typ]) for name, typ in schema.columns]
+    if getattr(schema, "relation", False):
+        fields.append(pa.field(relations.DEL, pa.int64()))
     return pa.schema(fields)
 
 
@@ -255,6 +259,9 @@ class Chunker:
         self._last_ts: dict[str, int] = {}
         self._schemas = {name: stream_schema(s) for name, s in config.streams.items()}
         self._added: dict[str, tuple] = {}  # streams added at run time: name -> columns
+        #: stored relations: their live rows and the updates of chunks not closed yet
+        self._relations = {name: relations.Relation(name, self._schemas[name])
+                           for name, s in config.streams.items() if s.relation}
         self._next_chunk = 0  # every chunk with a smaller index is closed
         for qid, cq in (queries or {}).items():
             self.add_query(qid, cq)
@@ -293,7 +300,7 @@ class Chunker:
                     part = tuple(byname[p.lower()] for p in w.partition_by)
                 except KeyError as e:
                     raise ChunkingError(f"query {query_id!r}: unknown PARTITION BY attribute {e.args[0]!r}") from None
-            if kind not in ("rows", "range", "unbounded", "now", "partition"):
+            if kind not in ("rows", "range", "unbounded", "now", "partition", "relation"):
                 raise ChunkingError(f"query {query_id!r}: unknown window kind {kind!r}")
             items.append(
                 _Item(
@@ -312,6 +319,12 @@ class Chunker:
                 )
             )
         self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items)
+        for it in items:
+            if it.kind == "relation":  # the relation as it is: live rows, then the updates not cut yet
+                rel = self._relations[it.stream]
+                it.hist = rel.visible(it.levels, it.schema)
+                for t in rel.recent:
+                    self._feed(it, t, frozenset(pc.unique(t.column("level")).to_pylist()), {}, {})
 
     def remove_query(self, query_id: str) -> None:
         self._queries.pop(query_id, None)
@@ -368,50 +381,67 @@ class Chunker:
             err = ChunkingError(f"a window condition could not be evaluated on this batch: {e}")
             self._reject(err, table)
             raise err from None
+        rel = self._relations.get(name)
+        seq0 = self._next_seq[name]
+        if rel is not None:  # deletes matched to live rows (all of the batch or none of it)
+            try:
+                matched = rel.match(t, seq0)
+            except relations.RelationError as e:
+                err = ChunkingError(str(e), "no_such_row")
+                self._reject(err, table)
+                raise err from None
         if before_commit is not None:
             before_commit(t)
         if n == 0:
             return 0
         # commit: nothing below can fail
-        seq0 = self._next_seq[name]
+        if rel is not None:
+            t = rel.commit(t, matched)
         t = t.add_column(0, "_seq", pa.array(np.arange(seq0, seq0 + n, dtype=np.int64)))
         self._next_seq[name] = seq0 + n
         self._last_ts[name] = int(t.column("ts")[n - 1].as_py())
         self.accepted += n
-        level = t.column("level")
+        if rel is not None:
+            rel.recent.append(t)
         masks: dict[frozenset, pa.Array] = {}
         for q in self._queries.values():
             for it in q.items:
-                if it.stream != name:
-                    continue
-                extra = present & it.instant_levels
-                instants = []  # ts of arrivals that are instants although the window does not hold them
-                if extra:  # arrivals outside the window's levels as Alg. 4 narrowed them
-                    mask = pc.is_in(level, value_set=pa.array(sorted(extra), pa.string()))
-                    instants.append(_ts(t.filter(mask)))
-                # the item's visible part; no per-tuple work when every level of the batch
-                # is in the window's level set (or none is)
-                seen = present & it.levels
-                vis = None
-                if len(seen) == len(present):
-                    vis = t
-                elif seen:
-                    if seen not in masks:
-                        masks[seen] = pc.is_in(level, value_set=pa.array(sorted(seen), pa.string()))
-                    vis = t.filter(masks[seen])
-                if vis is not None and it.filter is not None:  # visible, but filtered before the window
-                    keep = passing[it.filter]
-                    if vis is not t:
-                        keep = keep.filter(masks[seen])
-                    instants.append(_ts(vis.filter(pc.invert(keep))))
-                    vis = vis.filter(keep)
-                if instants:
-                    ts = instants[0] if len(instants) == 1 else np.sort(np.concatenate(instants), kind="stable")
-                    if len(ts):
-                        it.extra_ts.append(ts)
-                if vis is not None:
-                    it.append(vis)
+                if it.stream == name:
+                    self._feed(it, t, present, passing, masks)
         return n
+
+    @staticmethod
+    def _feed(it: _Item, t: pa.Table, present: frozenset, passing: dict, masks: dict) -> None:
+        """Give item ``it`` its part of committed batch ``t`` (levels ``present``): the visible
+        tuples that pass its window condition, and the instants of the others it has."""
+        level = t.column("level")
+        extra = present & it.instant_levels
+        instants = []  # ts of arrivals that are instants although the window does not hold them
+        if extra:  # arrivals outside the window's levels as Alg. 4 narrowed them
+            mask = pc.is_in(level, value_set=pa.array(sorted(extra), pa.string()))
+            instants.append(_ts(t.filter(mask)))
+        # the item's visible part; no per-tuple work when every level of the batch
+        # is in the window's level set (or none is)
+        seen = present & it.levels
+        vis = None
+        if len(seen) == len(present):
+            vis = t
+        elif seen:
+            if seen not in masks:
+                masks[seen] = pc.is_in(level, value_set=pa.array(sorted(seen), pa.string()))
+            vis = t.filter(masks[seen])
+        if vis is not None and it.filter is not None:  # visible, but filtered before the window
+            keep = passing[it.filter]
+            if vis is not t:
+                keep = keep.filter(masks[seen])
+            instants.append(_ts(vis.filter(pc.invert(keep))))
+            vis = vis.filter(keep)
+        if instants:
+            ts = instants[0] if len(instants) == 1 else np.sort(np.concatenate(instants), kind="stable")
+            if len(ts):
+                it.extra_ts.append(ts)
+        if vis is not None:
+            it.append(vis)
 
     def _reject(self, e: ChunkingError, table) -> None:
         n = getattr(table, "num_rows", None)
@@ -441,7 +471,8 @@ class Chunker:
             except Exception as e:  # noqa: BLE001
                 raise ChunkingError(f"stream {name}: cannot read batch as a table: {e}", "bad_batch") from None
         schema = self._schemas[name]
-        want = [f.name for f in schema if f.name != "_seq"]
+        rel = name in self._relations
+        want = [f.name for f in schema if f.name not in ("_seq", relations.DEL)] + ([OP_COLUMN] if rel else [])
         got = table.column_names
         if len(set(c.lower() for c in got)) != len(got):
             dups = sorted({c for c in got if [x.lower() for x in got].count(c.lower()) > 1})
@@ -459,7 +490,7 @@ class Chunker:
             )
         cols = []
         for c in want:
-            target = schema.field(c).type
+            target = pa.string() if rel and c == OP_COLUMN else schema.field(c).type
             col = table.column(lower[c.lower()])
             if col.type != target:
                 try:
@@ -476,6 +507,14 @@ class Chunker:
             raise ChunkingError(f"stream {name}: ts is null in {ts.null_count} tuple(s)", "null_ts")
         if level.null_count:
             raise ChunkingError(f"stream {name}: level is null in {level.null_count} tuple(s)", "null_level")
+        if rel:
+            op = pc.utf8_lower(cols[-1])
+            ok = pc.is_in(op, value_set=pa.array(RELATION_OPS, pa.string()))
+            if n and (op.null_count or not pc.all(ok).as_py()):
+                i = pc.index(pc.fill_null(ok, False), False).as_py()
+                raise ChunkingError(f"relation {name}: row {i + 1}: op must be insert or delete, not "
+                                    f"{cols[-1][i].as_py()!r}", "bad_op")
+            cols[-1] = op
         if n:
             # levels: known and canonical
             uniq = pc.unique(level).to_pylist()
@@ -512,7 +551,8 @@ class Chunker:
                     f"(instants < {self.closed_until} are closed)",
                     "late_tuple",
                 )
-        out_schema = pa.schema([f for f in schema if f.name != "_seq"])
+        out_schema = pa.schema([f for f in schema if f.name not in ("_seq", relations.DEL)]
+                               + ([pa.field(OP_COLUMN, pa.string())] if rel else []))
         return pa.Table.from_arrays([c if isinstance(c, pa.ChunkedArray) else pa.chunked_array([c]) for c in cols],
                                     schema=out_schema), present
 
@@ -545,6 +585,8 @@ class Chunker:
         boundary = self.closed_until
         for q in self._queries.values():
             self._trim(q, boundary)
+        for rel in self._relations.values():
+            rel.fold(boundary)
         return out
 
     def finish(self) -> list[Chunk]:
@@ -567,7 +609,7 @@ class Chunker:
             tables = []
             for it, nt in zip(q.items, new):
                 tables.append(_concat(self._legacy(q, it, tau_a, prev), nt))
-                it.hist = _compact(_concat(it.hist, nt))
+                it.hist = relations.apply(it.hist, nt) if it.kind == "relation" else _compact(_concat(it.hist, nt))
             qc = QueryChunk(
                 query_id=q.query_id,
                 chunk_id=cid,
@@ -588,6 +630,8 @@ class Chunker:
         if h.num_rows == 0:
             return h
         kind, istream = it.kind, q.r2s in ("ISTREAM", "DSTREAM")
+        if kind == "relation":  # the rows live before τa (= at the previous instant: updates are instants)
+            return it.hist
         if kind == "rows":
             n = it.rows or 0
             return h.slice(max(0, h.num_rows - n)) if n > 0 else h.slice(0, 0)
@@ -614,7 +658,7 @@ class Chunker:
         istream = q.r2s in ("ISTREAM", "DSTREAM")
         for it in q.items:
             h = it.hist
-            if h.num_rows == 0:
+            if h.num_rows == 0 or it.kind == "relation":  # a relation's history is its live rows
                 continue
             kind = it.kind
             if kind == "rows":
@@ -688,6 +732,8 @@ class Chunker:
                 tables[f"{qi}/{i}/pending"] = it.pend()[0]
                 extra = np.concatenate(it.extra_ts) if it.extra_ts else np.empty(0, dtype=np.int64)
                 tables[f"{qi}/{i}/extra"] = pa.table({"ts": pa.array(extra, pa.int64())})
+        for name, rel in self._relations.items():
+            tables[f"relation/{name}/live"], tables[f"relation/{name}/recent"] = rel.export()
         return meta, tables
 
     def import_state(self, meta: dict, tables: dict[str, pa.Table]) -> None:
@@ -704,6 +750,10 @@ class Chunker:
         self._next_seq = {name: int(meta["next_seq"].get(name, 0)) for name in self._next_seq}
         self._last_ts = {str(k): int(v) for k, v in meta["last_ts"].items()}
         self._next_chunk = int(meta["next_chunk"])
+        for name, rel in self._relations.items():
+            if f"relation/{name}/live" in tables:
+                rel.restore(_stored(tables[f"relation/{name}/live"], rel.schema),
+                            _stored(tables[f"relation/{name}/recent"], rel.schema))
         for qi, (m, q) in enumerate(zip(meta["queries"], self._queries.values())):
             q.last_instant = m["last_instant"]
             q.state_upto = m["state_upto"]
@@ -720,7 +770,8 @@ class Chunker:
     @property
     def retained_rows(self) -> int:
         """Tuples held for all queries (history plus not yet cut)."""
-        return sum(it.retained_rows for q in self._queries.values() for it in q.items)
+        return sum(it.retained_rows for q in self._queries.values() for it in q.items) + \
+            sum(r.retained_rows for r in self._relations.values())
 
     def retained(self, query_id: str) -> list[int]:
         """Per FROM item of ``query_id``: retained history rows (excluding uncut ones)."""

@@ -152,7 +152,7 @@ def new_rows(chunk: Chunk) -> int:
 _KNOWN_NODES = ("Column", "Literal", "LevelLiteral", "Unary", "Binary", "InList", "DominatedBy", "IsNull",
                 "Aggregate", "LevelClause", "Window", "FromItem", "SelectItem", "Query")
 #: columns every chunk table keeps whatever the query reads (the engine's own: ts, level, arrival order)
-_ALWAYS = ("ts", "level", "_seq")
+_ALWAYS = ("ts", "level", "_seq", "_del")  # _del: what a stored relation's delete removes
 
 
 def used_columns(query) -> set[str] | None:

@@ -289,7 +289,8 @@ def _raise(e):
 
 
 def read_input(cfg, stream: str, path: str):
-    """A replay/ingest file: CSV with header ts,level,<attributes> (or JSON lines).
+    """A replay/ingest file: CSV with header ts,level,<attributes> (or JSON lines); a stored
+    relation's file also has the column ``op`` (``insert`` or ``delete``).
 
     What is NULL is explicit (docs/operations.md, *Input files*): in CSV only an empty
     field of a double, long, timestamp or boolean column is NULL; a string or level
@@ -313,6 +314,9 @@ def read_input(cfg, stream: str, path: str):
     types = {"ts": pa.int64(), "level": pa.string()}
     types.update({c: ARROW_TYPES[t] for c, t in schema.columns})
     declared = {"ts": "long", "level": "level", **dict(schema.columns)}
+    if schema.relation:  # a stored relation's rows say what they do: op = insert | delete
+        types["op"] = pa.string()
+        declared["op"] = "insert/delete"
     is_json = path.endswith((".jsonl", ".json"))
     first_line = 1 if is_json else 2  # the line of row 0 (one row per line; CSV: after the header)
 

@@ -13,6 +13,10 @@ Example::
     sid = "string"
     bp = "double"
 
+    [relations.Units]                      # a stored relation: rows inserted and deleted by a
+    sid = "string"                         # producer (input column op = insert | delete),
+    unit = "string"                        # a level per row (docs/semantics.md §3a)
+
     [limits]                               # optional
     max_ts = 9007199254740991              # largest accepted tuple timestamp (default 2**53 - 1)
     advance_horizon = 3600                 # instants a producer may close past the largest ingested one
@@ -33,7 +37,8 @@ from .errors import ConfigError
 from .lattice import Categories, ChineseWall, Lattice, TotalOrder
 
 __all__ = [
-    "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING",
+    "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING", "OP_COLUMN",
+    "RELATION_OPS",
     "load_config", "parse_config", "config_of",
 ]
 
@@ -41,8 +46,11 @@ __all__ = [
 TYPES = ("string", "double", "long", "boolean", "timestamp")
 #: system attributes every stream has: readable in queries, never writable
 SYSTEM_COLUMNS = {"ts": "long", "level": "level"}
-#: top-level sections; sections beyond lattice/time/streams belong to the cluster
-KNOWN_SECTIONS = ("lattice", "time", "streams", "limits", "cluster", "groups", "tls", "security", "sharing")
+#: the input column of a stored relation saying what a row does (values: RELATION_OPS)
+OP_COLUMN = "op"
+RELATION_OPS = ("insert", "delete")
+#: top-level sections; sections beyond lattice/time/streams/relations belong to the cluster
+KNOWN_SECTIONS = ("lattice", "time", "streams", "relations", "limits", "cluster", "groups", "tls", "security", "sharing")
 #: ``[limits]`` values stay below this, so a timestamp plus a RANGE length or a horizon fits a signed 64-bit long
 MAX_TS_CEILING = 2**62 - 1
 
@@ -51,6 +59,13 @@ MAX_TS_CEILING = 2**62 - 1
 class StreamSchema:
     name: str
     columns: tuple[tuple[str, str], ...]  # user attributes in declaration order
+    #: a stored relation (``[relations.NAME]``): its input rows insert or delete rows (column ``op``),
+    #: and a query reads its rows live at each instant, without a window
+    relation: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "relation" if self.relation else "stream"
 
     def type_of(self, column: str) -> str | None:
         if column in SYSTEM_COLUMNS:
@@ -70,7 +85,7 @@ class StreamError(ValueError):
         self.key = key
 
 
-def stream_of(name: str, columns, known=()) -> StreamSchema:
+def stream_of(name: str, columns, known=(), relation: bool = False) -> StreamSchema:
     """The schema of stream ``name`` with ``columns`` ((attribute, type) pairs, in order), checked as a
     ``[streams.NAME]`` table is: identifiers, not ``ts``/``level``, no attribute twice, known types, a
     name none of ``known`` (stream names) has, all case-insensitively.  Raises :class:`StreamError`."""
@@ -86,13 +101,16 @@ def stream_of(name: str, columns, known=()) -> StreamSchema:
             raise StreamError("attribute name is not an identifier", str(col))
         if col.lower() in SYSTEM_COLUMNS:
             raise StreamError(f"'{col}' is a system attribute every stream has; it cannot be declared", col)
+        if relation and col.lower() == OP_COLUMN:
+            raise StreamError(f"'{col}' is the input column saying insert or delete; a relation cannot declare it",
+                              col)
         if col.lower() in seen:
             raise StreamError("attribute declared twice (names are case-insensitive)", col)
         seen.add(col.lower())
         if typ not in TYPES:
             raise StreamError(f"unknown type {typ!r} (types: {', '.join(TYPES)})", col)
         out.append((col, typ))
-    return StreamSchema(name, tuple(out))
+    return StreamSchema(name, tuple(out), relation)
 
 
 @dataclass(frozen=True)
@@ -253,8 +271,22 @@ def parse_config(text: str, path: Path | None = None) -> Config:
         except StreamError as e:
             raise err(sec, e.key, str(e)) from None
 
+    raw_relations = data.get("relations", {})
+    if not isinstance(raw_relations, dict):
+        raise err("relations", None, "must be a table of [relations.NAME] tables")
+    for rname, cols in raw_relations.items():
+        sec = f"relations.{rname}"
+        if not isinstance(cols, dict) or not cols:
+            if _IDENT.fullmatch(rname):
+                raise err(sec, None, "declare at least one attribute, e.g. unit = \"string\"")
+            cols = {}
+        try:
+            streams[rname] = stream_of(rname, list(cols.items()), streams, relation=True)
+        except StreamError as e:
+            raise err(sec, e.key, str(e).replace("stream ", "relation ", 1) if str(e).startswith("stream ") else str(e)) from None
+
     limits = _limits(data.get("limits", {}), err)
-    rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams", "limits")}
+    rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams", "relations", "limits")}
     cfg = Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest,
                  limits=limits)
     from .cpusets import check_disjoint  # [groups."L"] cpus: disjoint per level (existence is checked when pinning)

@@ -129,10 +129,35 @@ def multistream(draw, config: Config, levels=None, max_instants: int = 6, max_pe
     examples the 64-bit attributes take values near the limits."""
     big = extremes > 0 and draw(st.integers(0, 999), label="extreme values") < int(extremes * 1000)
     return {
-        name: draw(stream_rows(config, name, levels=levels, max_instants=max_instants,
-                               max_per_instant=max_per_instant, extremes=big), label=name)
+        name: draw((relation_rows if config.streams[name].relation else stream_rows)(
+            config, name, levels=levels, max_instants=max_instants, max_per_instant=max_per_instant,
+            extremes=big), label=name)
         for name in config.streams
     }
+
+
+@st.composite
+def relation_rows(draw, config: Config, name: str, levels=None, max_instants: int = 6, max_per_instant: int = 8,
+                  extremes: bool = False) -> list[dict]:
+    """Updates of stored relation ``name`` in arrival order: ``{"ts", "level", attrs..., "op"}``, every
+    delete of a row live at that point (an equal row of the same level: also one of several equal
+    ones, and one inserted in the same instant); attribute values from a few, so that rows repeat."""
+    schema = config.stream(name)
+    level_st = _level_strategy(config.lattice, levels)
+    pools = {c: draw(st.lists(_value_strategy(t, extremes), min_size=1, max_size=3), label=f"{name}.{c} values")
+             for c, t in schema.columns}
+    ts, rows, live = 0, [], []
+    for _ in range(draw(st.integers(1, max_instants))):
+        ts += draw(st.sampled_from((0, 1, 1, 2, 3)))
+        for _ in range(draw(st.integers(1, max(1, max_per_instant // 2)))):
+            if live and draw(st.integers(0, 2)) == 0:
+                row = dict(live.pop(draw(st.integers(0, len(live) - 1))), ts=ts, op="delete")
+            else:
+                row = {"ts": ts, "level": draw(level_st), **{c: draw(st.sampled_from(pools[c])) for c, _ in schema.columns},
+                       "op": "insert"}
+                live.append({k: v for k, v in row.items() if k not in ("ts", "op")})
+            rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------------
@@ -233,10 +258,10 @@ class _Gen:
             out.append(_Ref(name, self.config.streams[name], alias or name, alias))
         return out
 
-    def window_clause(self, ref: _Ref) -> str:
+    def window_clause(self, ref: _Ref, where: bool = True) -> str:
         """Level clause text (or "") and set ``ref.wset`` to the rewritten window set."""
         r = self.d(st.integers(0, 9))
-        where = self.kw("where") + " " if self.chance(0.1) else ""
+        where = self.kw("where") + " " if where and self.chance(0.1) else ""
         if r <= 4:
             ref.wset = frozenset(self.dom)
             return ""
@@ -253,6 +278,9 @@ class _Gen:
         return f" {where}level {self.kw('dominated by')} {self.lvl(x)}"
 
     def window(self, ref: _Ref, join: bool) -> str:
+        if ref.schema.relation:  # a stored relation: no window, at most a level clause
+            clause = self.window_clause(ref, where=False)
+            return f"[{clause.strip()}]" if clause else ""
         if join:
             kinds = ("rows", "rows", "now", "now", "partition", "partition_level", "range_small")
         else:

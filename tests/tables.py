@@ -12,6 +12,8 @@ def to_table(config, stream: str, rows: list[dict]) -> pa.Table:
     schema = config.streams[stream]
     fields = [pa.field("ts", pa.int64()), pa.field("level", pa.string())]
     fields += [pa.field(c, ARROW_TYPES[t]) for c, t in schema.columns]
+    if schema.relation:  # a stored relation's input rows insert or delete
+        fields.append(pa.field("op", pa.string()))
     sch = pa.schema(fields)
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in sch} for r in rows], schema=sch)
 

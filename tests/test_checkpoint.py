@@ -367,6 +367,12 @@ def test_restarts_from_checkpoints_equal_reference(battlefield, engines, data):
     config = battlefield
     level, texts, streams, k, rnd = _case(data, config, max_instants=10)
     executors = [SharedExecutor(e, config, enabled=True) for e in engines[id(config)][:2]]
+    restarted_equals_reference(config, level, texts, streams, executors, k, rnd)
+
+
+def restarted_equals_reference(config, level, texts, streams, executors, k, rnd) -> None:
+    """:func:`_run_with_restarts` in a temporary directory; every query's rows and failing instant
+    equal the reference's."""
     with tempfile.TemporaryDirectory() as d:
         out = _run_with_restarts(config, level, texts, streams, executors, k, rnd, Path(d) / "m.sqlite")
     for i, text in enumerate(texts):

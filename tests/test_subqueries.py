@@ -47,6 +47,9 @@ TEXTS = [
     "WHERE v.sid = x.sid",
     "SELECT RSTREAM x.sid, y.n FROM (SELECT sid FROM Positions [ROWS 1]) x, "
     "(SELECT sid, COUNT(*) AS n FROM Vitals GROUP BY sid) y WHERE x.sid = y.sid",
+    # a SELECT of a compound query over a subquery
+    "SELECT x.sid FROM (SELECT sid, COUNT(*) AS n FROM Vitals [RANGE 3] GROUP BY sid) x WHERE x.n > 1 "
+    "UNION SELECT sid FROM Positions [ROWS 1]",
 ]
 
 
@@ -78,7 +81,6 @@ def test_subqueries_parse_print_back_and_explain(battlefield):
     ("SELECT * FROM (SELECT sid FROM Vitals [ROWS 1 level = TS]) x", "does not dominate"),
     ("SELECT * FROM (SELECT sid AS a, bp AS a FROM Vitals) x", "output column name 'a' is used twice"),
     ("SELECT * FROM (SELECT sid FROM Vitals) x WHERE level = TS", "does not dominate"),
-    ("SELECT sid FROM (SELECT sid FROM Vitals) x UNION SELECT sid FROM Vitals", "cannot read a subquery"),
     ("SELECT * FROM (SELECT sid FROM Vitals)", "expected"),
 ])
 def test_bad_subqueries_are_refused_in_one_line(battlefield, text, msg):
@@ -118,12 +120,17 @@ def test_a_failing_subquery_fails_the_query_at_its_instant(battlefield, engines)
     text = "SELECT COUNT(*) AS n FROM (SELECT ts * 4611686018427387904 AS big FROM Vitals [NOW]) x WHERE x.big > 0"
     exp = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
     assert exp.error_ts == 2 and [r[2] for r in exp.rows] == [1]
+    # the same subquery in a SELECT of a compound query fails the compound query at 2
+    compound = text + " UNION ALL SELECT COUNT(*) AS n FROM Vitals [NOW]"
+    cexp = evaluate_outcome(compound, battlefield, "S", {"Vitals": rows})
+    assert cexp.error_ts == 2 and sorted(r[2] for r in cexp.rows) == [1, 1]
     executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
     for k in (1, 3):
-        out = run_distributed(battlefield, "S", [text], inputs_of(battlefield, {"Vitals": rows}), executors,
+        out = run_distributed(battlefield, "S", [text, compound], inputs_of(battlefield, {"Vitals": rows}), executors,
                               chunk_instants=k)
-        assert out["q1"].error_ts == 2 and "integer overflow" in out["q1"].error
-        compare_results(out["q1"].rows, exp.rows)
+        for q, e in (("q1", exp), ("q2", cexp)):
+            assert out[q].error_ts == 2 and "integer overflow" in out[q].error
+            compare_results(out[q].rows, e.rows)
 
 
 def _named(text: str) -> str | None:
@@ -161,6 +168,7 @@ def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wal
         f"SELECT {r2s}COUNT(*) AS n FROM (SELECT * FROM ({inner}) y) x",
         f"SELECT {r2s}x.{c}, s.level FROM ({inner}) x, {stream} [ROWS 1] s",
         f"SELECT {r2s}COUNT(*) AS n FROM {stream} [NOW] s, ({inner}) x WHERE x.{c} IS NOT NULL",
+        f"SELECT {r2s}x.{c} FROM ({inner}) x EXCEPT SELECT y.{c} FROM ({inner}) y WHERE y.{c} IS NULL",
     ]), label="outer")
     try:
         compile_query(shape, config, config.lattice.parse(level))

@@ -35,6 +35,21 @@ class DerivedRun:
         empty = self.e.result_schema(cq).empty_table()
         if not instants:
             return empty, None, None
+        outer, failure = self.outer_chunk()
+        if failure is not None:  # a subquery fails at τ: so does the query
+            instants = [t for t in instants if t < failure[0]]
+        if not instants:
+            return empty, None, failure
+        outer = QueryChunk(chunk.query_id, chunk.chunk_id, outer.items, instants, outer.prev_instant)
+        out, outer_failure = self.e.evaluate(cq.outer, outer, legacy_mode(cq.outer))
+        return out, None, outer_failure if outer_failure is not None else failure
+
+    def outer_chunk(self) -> tuple[QueryChunk, tuple[int, str] | None]:
+        """The outer query's chunk (its stream items' tables and each subquery's rows, at all the
+        chunk's instants) and the first failure of a subquery, ``(error_ts, reason)`` (never before
+        the chunk's first instant), or None.  Evaluates every subquery (one Spark statement each)."""
+        cq, chunk = self.cq, self.chunk
+        instants = sorted(set(int(t) for t in chunk.instants))
         prev = chunk.prev_instant if cq.r2s in ("ISTREAM", "DSTREAM") else None
         evals = ([int(prev)] if prev is not None else []) + instants
         tables, failure, start = [], None, 0
@@ -49,14 +64,9 @@ class DerivedRun:
             if f is not None and (failure is None or f[0] < failure[0]):
                 failure = f
             tables.append(self._table(rows, k))
-        if failure is not None:  # a subquery fails at τ: so does the query (never before its first instant)
+        if failure is not None:  # never before the chunk's first instant
             failure = (max(int(failure[0]), instants[0]), failure[1])
-            instants = [t for t in instants if t < failure[0]]
-        if not instants:
-            return empty, None, failure
-        outer = QueryChunk(chunk.query_id, chunk.chunk_id, tables, instants, prev)
-        out, outer_failure = self.e.evaluate(cq.outer, outer, legacy_mode(cq.outer))
-        return out, None, outer_failure if outer_failure is not None else failure
+        return QueryChunk(chunk.query_id, chunk.chunk_id, tables, instants, prev), failure
 
     def _table(self, rows: pa.Table, k: int) -> pa.Table:
         """The subquery's output rows as the table of the outer query's FROM item ``k``: the tuples of

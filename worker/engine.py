@@ -100,6 +100,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.chunking.model import ChunkResult, LegacyMode, QueryChunk, legacy_mode
+from strata.chunking.relations import DEL, intervals
 from strata.config import Config
 from strata.arrowio import ARROW_TYPES
 from strata.mlscql import ast as A
@@ -772,7 +773,13 @@ class _Run:
         keep = None
         end = None
         start = ts
-        if window is not None:
+        if self.q.from_[i].window.kind == "relation":
+            # a stored relation: inserts live until the delete that names them (chunking.relations)
+            d = table.column(key(DEL))
+            gone = d.is_valid().to_numpy(zero_copy_only=False)
+            end = intervals(table.column(key("_seq")).cast(pa.int64()).to_numpy(), ts, d.fill_null(-1).to_numpy(), gone)
+            keep = ~gone & useful_rows(start, end, self.evals)
+        elif window is not None:
             parts = [table.column(key(c)) for c in window.partition_by]
             end = end_array(window, ts, parts, self.e.config.instant_seconds)
             start = start_array(window, ts, self.e.config.instant_seconds)
@@ -872,7 +879,9 @@ class _Run:
             src, cols = self._load(i, needed[i], window=f.window if arrow else None, seq=not arrow,
                                    end_column=span is None)
             ts = _col(i, "ts")
-            if arrow:
+            if f.window.kind == "relation":
+                end = _col(i, "_end")
+            elif arrow:
                 end = None if f.window.kind == "unbounded" else (
                     _col(i, "_end") if span is None else f"({ts} + CAST({span} AS BIGINT))")
                 if slides(f.window, self.e.config.instant_seconds):
@@ -1273,6 +1282,11 @@ class _CompoundRun(CompoundRun):
     then the same stream operator and output as a single SELECT."""
 
     def branch_run(self, cq: CompiledQuery, chunk: QueryChunk, prefix: str) -> "_Run":
+        if cq.subqueries:  # the subqueries first; the outer query's relation joins the statement
+            chunk, failure = DerivedRun(self.e, cq, chunk, self.mode).outer_chunk()
+            if failure is not None:
+                self.failures.append(failure)
+            cq = cq.outer
         return _Run(self.e, cq, chunk, self.mode, prefix=prefix, codes=False)
 
     _cte = _Run._cte

@@ -14,10 +14,14 @@ rows exactly as for a single SELECT (docs/semantics.md §3, *Compound queries*):
 
 Failures: a row carrying a failure (``_err``, the SELECT's site code shifted past the codes of
 the SELECTs before it) is never merged away or removed by EXCEPT, and the right side's failed
-rows are kept too, so an overflow in any SELECT fails the compound query at its instant.
+rows are kept too, so an overflow in any SELECT fails the compound query at its instant.  A
+SELECT over subqueries in FROM evaluates them first (worker/derived.py), then its outer query's
+relation joins the statement; a subquery's failure at τ fails the compound query at τ.
 """
 
 from __future__ import annotations
+
+import pyarrow.compute as pc
 
 from strata.chunking.model import LegacyMode, QueryChunk
 from strata.mlscql.analyze import CompiledQuery
@@ -42,6 +46,8 @@ class CompoundRun:
         self.defer = False
         self.lattice = engine.lattice
         self.runs: list = []
+        #: failures of subqueries read by the SELECTs ((error_ts, reason)): the query's at that instant
+        self.failures: list[tuple[int, str]] = []
         start = 0
         for j, b in enumerate(cq.branches):
             n = len(b.items)
@@ -73,7 +79,16 @@ class CompoundRun:
         acc = self._cte("s0", parts[0])
         for k, (op, right) in enumerate(zip(self.cq.set_ops, parts[1:]), start=1):
             acc = self._combine(op, acc, self._cte(f"s{k}", right), k)
-        return self._query(self._r2s(acc), self._rows_only)
+        return self._query(self._r2s(acc), self._with_failures)
+
+    def _with_failures(self, tbl):
+        """The output rows and failure, with the first failure of a subquery a SELECT reads: the
+        query fails at the earliest of them, keeping only the rows before it."""
+        rows, state, failure = self._rows_only(tbl)
+        first = min([f for f in self.failures + ([failure] if failure else [])], key=lambda f: f[0], default=None)
+        if first is not None and first is not failure and rows.num_rows:
+            rows = rows.filter(pc.less(rows.column("ts"), first[0]))
+        return rows, state, first
 
     def _outs(self) -> list[str]:
         return [f"o{k}" for k in range(len(self.cq.outputs))]

@@ -253,11 +253,7 @@ def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQ
     its own (SEMANTICS §4 per SELECT); the same number of columns in each, of types that combine
     (a long with a double is a double); the names are the first SELECT's.  The stream operator is
     the written one, else RSTREAM when a SELECT's list has an aggregate, else ISTREAM."""
-    for b in q.branches:
-        if any(f.subquery is not None for f in b.from_):
-            raise SemanticError("a SELECT of UNION or EXCEPT cannot read a subquery in FROM; put the UNION or "
-                                "EXCEPT inside the subquery instead")
-    branches = [_Analyzer(config, level).run(b, to_text(b)) for b in q.branches]
+    branches = [analyze(b, config, level, to_text(b)) for b in q.branches]  # a SELECT may read subqueries
     first = branches[0]
     types = [o.type for o in first.outputs]
     for op, b in zip(q.ops, branches[1:]):
@@ -270,7 +266,7 @@ def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQ
                 raise SemanticError(f"{op}: column {k + 1} is {types[k]} in one SELECT and {o.type} in another")
             types[k] = t
     outputs = tuple(OutputColumn(o.name, t) for o, t in zip(first.outputs, types))
-    agg = any(A.aggregates_in(s.expr) for b in branches for s in b.query.select)
+    agg = any(A.aggregates_in(s.expr) for b in branches for s in (b.outer or b).query.select)
     r2s = q.r2s or ("RSTREAM" if agg else "ISTREAM")
     branches = [_with_r2s(b, r2s) for b in branches]
     from_ = tuple(f for b in branches for f in b.query.from_)
@@ -365,6 +361,15 @@ class _Analyzer:
 
     def _resolve_window(self, f: A.FromItem, item: ItemInfo) -> A.FromItem:
         w = f.window
+        if item.schema.relation:
+            if w is not None and w.kind != "relation":
+                raise SemanticError(f"{item.name} is a stored relation: it takes no window, only a level clause "
+                                    f"({item.stream} [level in {{...}}]); its rows are those live at each instant")
+            if w is None:
+                w = A.Window("relation")
+        elif w is not None and w.kind == "relation":
+            raise SemanticError(f"{item.name} is a stream: its window needs ROWS, RANGE, NOW or PARTITION BY "
+                                "before the level clause")
         if w is None:
             return A.FromItem(item.stream, None, f.alias)
         if w.kind == "partition":
@@ -644,7 +649,7 @@ class _Analyzer:
                     f"the WHERE level condition on {f.name} excludes every level its window admits; "
                     "the query can never output"
                 )
-            movable = w.kind in ("range", "unbounded", "now") or (
+            movable = w.kind in ("range", "unbounded", "now", "relation") or (
                 w.kind == "partition" and "level" in w.partition_by
             )
             if movable:

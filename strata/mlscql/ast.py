@@ -105,7 +105,7 @@ def _instants(amount: float, unit: str | None, instant_seconds: float) -> int:
 
 @dataclass(frozen=True)
 class Window:
-    kind: str  # rows | range | unbounded | now | partition
+    kind: str  # rows | range | unbounded | now | partition | relation (a stored relation: a level clause only)
     rows: int | None = None
     range_amount: float | None = None
     range_unit: str | None = None  # canonical unit name: seconds, minutes, hours, days, milliseconds

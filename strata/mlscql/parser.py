@@ -115,6 +115,10 @@ class _ToAst(Transformer):
             spec = dataclasses.replace(spec, clause=clause)
         return dataclasses.replace(spec, filter=filt) if filt is not None else spec
 
+    def relation_window(self, clause):
+        """``Units [level in {U, C}]``: a stored relation's level clause (it has no window)."""
+        return A.Window("relation", clause=clause)
+
     def window_where(self, e):
         """``[… WHERE cond]``: (level clause, filter).  The conjunct on ``level`` in one of the level
         clause's forms is the level clause; the other conjuncts, left-nested, filter the stream

@@ -102,6 +102,8 @@ def window_text(w: A.Window) -> str:
         spec = "RANGE UNBOUNDED"
     elif w.kind == "now":
         spec = "NOW"
+    elif w.kind == "relation":  # a stored relation: a level clause only
+        spec = ""
     else:
         spec = f"PARTITION BY {', '.join(w.partition_by)} ROWS {w.rows}"
     conds = []
@@ -116,6 +118,8 @@ def window_text(w: A.Window) -> str:
     if w.filter is not None:  # a left-nested AND of conjuncts, none of them an AND (parser.window_where)
         conds += [_wrap(c, 3) for c in A.conjuncts(w.filter)]
         return f"[{spec} WHERE {' AND '.join(conds)}]"
+    if not spec:
+        return f"[{conds[0]}]" if conds else ""
     return f"[{spec} {conds[0]}]" if conds else f"[{spec}]"
 
 
@@ -134,7 +138,7 @@ def to_text(q: A.Query | A.Compound) -> str:
             items.append(f"({to_text(f.subquery)}) {f.alias}")
             continue
         s = f.stream
-        if f.window is not None:
+        if f.window is not None and window_text(f.window):
             s += " " + window_text(f.window)
         if f.alias:
             s += f" {f.alias}"

@@ -97,7 +97,7 @@ def describe(n: Node, lattice=None) -> str:
                 f"level in {lv(p['levels'])}{inst})")
     if n.op == "time_win":
         spec = {"range": lambda: f"RANGE {p['range']} instants", "unbounded": lambda: "RANGE UNBOUNDED",
-                "now": lambda: "NOW"}[p["kind"]]()
+                "now": lambda: "NOW", "relation": lambda: "RELATION"}[p["kind"]]()
         return f"time_win({n.stream}, {spec}, level in {lv(p['levels'])}{inst})"
     if n.op in ("select", "join"):
         conds = sorted(expr_text(c) for c in p["cond"])

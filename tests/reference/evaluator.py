@@ -28,6 +28,14 @@ Facts copied from SEMANTICS.md (nothing here reads ../shared at run time):
   (UNION: lub of the rows of either side a value tuple stands for; EXCEPT: of the left rows);
 * ISTREAM = R(τ) − R(τ'), DSTREAM = R(τ') − R(τ), RSTREAM = R(τ) (bags of
   (level, cols...)); default RSTREAM iff the select list has an aggregate.
+* stored relation (``[relations.Units]``; FROM item ``Units u`` or ``Units [level in {U, C}] u``,
+  no window): its input is a list of updates in arrival order, each with ``op`` = insert | delete
+  (any case).  Live rows at τ: replay every update with ts ≤ τ (all levels) in arrival order; an
+  insert adds a row (``ts`` = the insert's, its level and attributes), a delete removes the oldest
+  live row with the same level and equal attributes (NULL = NULL, NaN = NaN, -0.0 = 0.0), and one
+  matching no live row is invalid input (ValueError).  The item holds at τ the live rows whose level
+  is in its visible set (level clause ∩ dominated(L)), whatever their ts; its visible substream (for
+  the instants) is its visible updates, deletes included.
 
 Failures (SEMANTICS §8 "Arithmetic", "Failing queries"), with Python's unbounded
 ints: a ``+ - *`` or unary ``-`` of two 64-bit integers whose exact result is
@@ -53,7 +61,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, Iterable
@@ -312,8 +320,10 @@ class _Item:
     name: str  # alias, else stream name
     schema: StreamSchema
     window: A.Window | None
-    visible: list[dict]  # visible substream in arrival order (its ts are instants)
+    visible: list[dict]  # visible substream in arrival order (its ts are instants); a relation: its visible updates
     held: list[dict]  # what the window holds from: the visible tuples that pass its condition
+    updates: list[dict] | None = None  # a stored relation: all its updates (every level) in arrival order
+    levels: frozenset[str] = frozenset()  # a stored relation: the levels of the rows the item holds
 
 
 class _Evaluator:
@@ -330,6 +340,10 @@ class _Evaluator:
             tuples = _normalize_stream(schema, self.lat, _lookup_stream(streams, schema.name))
             allowed = self._window_levels(f.window) & self.dom
             visible = [t for t in tuples if t["level"] in allowed]
+            if schema.relation:  # visible = its visible updates; refuse an invalid delete up front
+                _live_rows(schema.name, tuples, None)
+                self.items.append(_Item(f.alias or schema.name, schema, f.window, visible, visible, tuples, allowed))
+                continue
             self.items.append(_Item(f.alias or schema.name, schema, f.window, visible, visible))
         self._col_cache: dict[A.Column, tuple[int, str]] = {}
         for it in self.items:  # a window condition filters the visible substream before the window
@@ -388,6 +402,8 @@ class _Evaluator:
     # -- windows ----------------------------------------------------------------
     def window(self, i: int, tau: int) -> list[dict]:
         it = self.items[i]
+        if it.schema.relation:  # no window: every live row at τ whose level the item sees
+            return [r for r in _live_rows(it.schema.name, it.updates, tau) if r["level"] in it.levels]
         w = it.window
         upto = [t for t in it.held if t["ts"] <= tau]
         kind = "unbounded" if w is None else w.kind
@@ -734,6 +750,7 @@ class _DerivedEvaluator:
         self.outer = _Evaluator(replace(q, from_=tuple(from_)), replace(config, streams={**config.streams, **pseudo}),
                                 level, streams)
         self.lat, self.r2s = config.lattice, self.outer.r2s
+        self.agg_in_select = self.outer.agg_in_select
 
     def instants(self) -> list[int]:
         own = {t["ts"] for k, it in enumerate(self.outer.items) if k not in self.subs for t in it.visible}
@@ -758,7 +775,7 @@ class _CompoundEvaluator:
     an aggregate, else ISTREAM)."""
 
     def __init__(self, q: A.Compound, config: Config, level: str, streams: dict[str, list[dict]]):
-        self.branches = [_Evaluator(b, config, level, streams) for b in q.branches]
+        self.branches = [_evaluator_of(b, config, level, streams) for b in q.branches]
         self.ops = q.ops
         self.lat = config.lattice
         self.r2s = q.r2s or (RSTREAM if any(b.agg_in_select for b in self.branches) else ISTREAM)
@@ -821,6 +838,7 @@ def _coerce(v, typ: str):
 
 
 def _normalize_stream(schema: StreamSchema, lat: Lattice, tuples: list[dict]) -> list[dict]:
+    """The tuples as dicts ``ts``, ``level``, attributes (typed); a relation's updates also ``op``."""
     out = []
     last = None
     for k, t in enumerate(tuples):
@@ -832,8 +850,46 @@ def _normalize_stream(schema: StreamSchema, lat: Lattice, tuples: list[dict]) ->
         d = {"ts": ts, "level": lat.parse(lower["level"])}
         for c, typ in schema.columns:
             d[c] = _coerce(t[c] if c in t else lower.get(c.lower()), typ)
+        if schema.relation:
+            op = str(lower.get("op")).lower()
+            if op not in ("insert", "delete"):
+                raise ValueError(f"relation {schema.name}: update {k} has op {lower.get('op')!r}, not insert or delete")
+            d["op"] = op
         out.append(d)
     return out
+
+
+def _value_key(v) -> tuple:
+    """Equality of attribute values for a delete: NULL = NULL, NaN = NaN, -0.0 = 0.0 (== does that)."""
+    if v is None:
+        return ("null",)
+    if isinstance(v, float) and math.isnan(v):
+        return ("nan",)
+    return (type(v).__name__, v)
+
+
+def _live_rows(name: str, updates: list[dict], tau: int | None) -> list[dict]:
+    """The rows of relation ``name`` live at τ (None: after every update), in arrival order: the
+    updates with ts ≤ τ replayed in arrival order; an insert adds a row (its ts, level, attributes),
+    a delete removes the oldest live row with its level and equal attributes.  A delete matching no
+    live row is invalid input: ValueError."""
+    live: dict[int, dict] = {}  # arrival position of the insert → row; a dict keeps arrival order
+    by_key: dict[tuple, deque[int]] = defaultdict(deque)  # level and values → live positions, oldest first
+    for k, u in enumerate(updates):
+        if tau is not None and u["ts"] > tau:
+            break  # ts are non-decreasing
+        row = {a: v for a, v in u.items() if a != "op"}
+        key = (row["level"], *(_value_key(v) for a, v in row.items() if a not in ("ts", "level")))
+        if u["op"] == "insert":
+            live[k] = row
+            by_key[key].append(k)
+        elif by_key[key]:
+            del live[by_key[key].popleft()]
+        else:
+            values = {a: v for a, v in row.items() if a not in ("ts", "level")}
+            raise ValueError(f"relation {name}: update {k} (delete at ts {u['ts']}, level {u['level']}, "
+                             f"{values}) matches no live row")
+    return list(live.values())
 
 
 def _top_conjuncts(e):
