@@ -28,6 +28,8 @@ def _warm_queries(config, level: str) -> list[tuple[str, object]]:
     from strata.mlscql import compile_query
 
     for stream in config.streams.values():
+        if stream.relation:  # the shapes below are windows over a stream
+            continue
         num = next((c for c, t in stream.columns if t == "double"), None) or \
             next((c for c, t in stream.columns if t in ("long", "timestamp")), None)
         if num is None:
