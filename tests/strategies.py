@@ -681,7 +681,8 @@ def _select_of(gen: _Gen, ref: _Ref, sig: tuple[str, ...]) -> tuple[str, str, st
 
 @st.composite
 def compound_queries(draw, config: Config, level: str) -> str:
-    """Random ``q1 UNION [ALL] q2 [EXCEPT q3]`` text the front end accepts: each SELECT over one
+    """Random ``q1 UNION [ALL] q2 [EXCEPT q3]`` text (also INTERSECT, and parentheses around two of
+    three SELECTs) the front end accepts: each SELECT over one
     stream with any window (conditions included) and WHERE, plain, DISTINCT or aggregated, columns
     of matching types; the stream operator on the first SELECT, around the whole, or the default."""
     lvl = config.lattice.parse(level)
@@ -695,11 +696,22 @@ def compound_queries(draw, config: Config, level: str) -> str:
             select = f"{gen.kw('distinct')} {select}"
         parts.append(f"{gen.kw('select')} {{r2s}}{select} {gen.kw('from')} {gen.from_text(ref, False)}"
                      f"{gen.where([ref], False)}{group}")
-    ops = [gen.pick(("UNION", "UNION ALL", "EXCEPT", "union", "union all", "except")) for _ in parts[1:]]
+    ops = [gen.pick(("UNION", "UNION ALL", "EXCEPT", "INTERSECT", "union", "union all", "except", "intersect"))
+           for _ in parts[1:]]
     r2s = gen.pick((None, None, "ISTREAM", "RSTREAM", "DSTREAM", "w:ISTREAM", "w:RSTREAM", "w:DSTREAM"))
     first = f"{gen.kw(r2s)} " if r2s and not r2s.startswith("w:") else ""
-    text = parts[0].replace("{r2s}", first)
-    text += "".join(f" {op} {p.replace('{r2s}', '')}" for op, p in zip(ops, parts[1:]))
+    parts = [parts[0].replace("{r2s}", first)] + [p.replace("{r2s}", "") for p in parts[1:]]
+    # parentheses (three SELECTs): around the last two, or around the first two (no stream operator
+    # inside them); else INTERSECT binds tighter than the operator before it
+    group = gen.pick((None, None, "last", "first")) if len(parts) == 3 else None
+    if group == "first" and first:
+        group = None
+    if group == "last":
+        text = f"{parts[0]} {ops[0]} ({parts[1]} {ops[1]} {parts[2]})"
+    elif group == "first":
+        text = f"({parts[0]} {ops[0]} {parts[1]}) {ops[1]} {parts[2]}"
+    else:
+        text = parts[0] + "".join(f" {op} {p}" for op, p in zip(ops, parts[1:]))
     if r2s and r2s.startswith("w:"):
         text = f"{gen.kw(r2s[2:])}({text})"
     try:

@@ -1,11 +1,12 @@
-"""UNION, UNION ALL and EXCEPT of SELECTs (issue 16), e.g.
+"""UNION, UNION ALL, EXCEPT and INTERSECT of SELECTs (issue 16), with parentheses, e.g.
 ``SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Positions [NOW]``.
 
 Each SELECT is authorized, rewritten and optimized on its own; the query's instants are the
 arrivals of every SELECT's visible substreams; at each instant the SELECTs' relations are
 combined left to right and the stream operator applies to the result.  Levels: UNION ALL keeps
 each row's level; UNION gives a row the lub of the rows (of either side) it stands for; EXCEPT
-the lub of the left rows it stands for (docs/semantics.md §3)."""
+the lub of the left rows it stands for; INTERSECT the lub of the rows of both sides it stands for
+(docs/semantics.md §3).  INTERSECT binds tighter than UNION and EXCEPT, as in SQL."""
 
 from __future__ import annotations
 
@@ -42,9 +43,16 @@ UNION = "SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Positions [ROWS 1
 ALL = "RSTREAM(SELECT sid FROM Vitals [ROWS 2] UNION ALL SELECT sid FROM Positions [ROWS 1])"
 EXCEPT = "RSTREAM(SELECT sid FROM Vitals [RANGE 3] EXCEPT SELECT sid FROM Positions [NOW])"
 MIXED = "SELECT sid, COUNT(*) FROM Vitals [RANGE 2] GROUP BY sid UNION SELECT sid, 7.5 FROM Positions"
+INTERSECT = "RSTREAM(SELECT sid FROM Vitals [RANGE 3] INTERSECT SELECT sid FROM Positions [ROWS 1])"
 TEXTS = [UNION, ALL, EXCEPT, MIXED,
          "SELECT DSTREAM sid FROM Vitals [ROWS 1] EXCEPT SELECT sid FROM Vitals [NOW WHERE bp > 25] "
-         "UNION ALL SELECT sid FROM Positions [ROWS 1 WHERE level = U]"]
+         "UNION ALL SELECT sid FROM Positions [ROWS 1 WHERE level = U]",
+         INTERSECT,
+         # INTERSECT binds tighter; parentheses group
+         "SELECT RSTREAM sid FROM Positions [NOW] UNION SELECT sid FROM Vitals [RANGE 2] INTERSECT "
+         "SELECT sid FROM Positions [ROWS 2]",
+         "RSTREAM(SELECT sid FROM Vitals [RANGE 3] EXCEPT (SELECT sid FROM Positions [NOW] UNION ALL "
+         "SELECT sid FROM Vitals [NOW WHERE bp > 35]))"]
 
 
 def test_compound_queries_parse_print_back_and_explain(battlefield):
@@ -73,6 +81,8 @@ def test_compound_queries_parse_print_back_and_explain(battlefield):
     ("SELECT sid FROM Vitals UNION SELECT sid FROM Vitals [ROWS 1 level = TS]", "does not dominate"),
     ("SELECT sid FROM Vitals UNION SELECT sid FROM Nowhere", "unknown stream 'Nowhere'"),
     ("SELECT sid FROM Vitals UNION", "unexpected end of query"),
+    ("(SELECT ISTREAM sid FROM Vitals) UNION SELECT sid FROM Vitals", "ISTREAM inside parentheses"),
+    ("SELECT sid FROM Vitals INTERSECT SELECT sid, bp FROM Vitals", "INTERSECT: the SELECTs have 1 and 2"),
 ])
 def test_bad_compound_queries_are_refused_in_one_line(battlefield, text, msg):
     with pytest.raises(QueryError, match=msg) as e:
@@ -92,6 +102,30 @@ def test_the_reference_combines_relations_at_every_instant(battlefield):
     assert evaluate(UNION, battlefield, "U", streams) == [(1, "U", "a")]
     # (at 3 Vitals' ROWS 2 holds both U tuples of a, Positions' ROWS 1 the one of 2)
     assert evaluate(ALL, battlefield, "U", streams) == [(1, "U", "a")] + [(2, "U", "a")] * 2 + [(3, "U", "a")] * 3
+    # INTERSECT: at 3 b stands for Vitals' C row and Positions' S row: S
+    assert evaluate(INTERSECT, battlefield, "S", streams) == [(2, "U", "a"), (3, "S", "b"), (4, "S", "b")]
+    assert evaluate(INTERSECT, battlefield, "U", streams) == [(2, "U", "a"), (3, "U", "a")]
+
+
+def test_intersect_binds_tighter_and_parentheses_group(battlefield):
+    a, b, c = ("SELECT sid FROM Vitals [ROWS 2]", "SELECT sid FROM Positions [NOW]", "SELECT sid FROM Vitals [NOW]")
+    tight = compile_query(f"{a} UNION {b} INTERSECT {c}", battlefield, "S")
+    assert tight.set_ops == ("UNION",) and tight.branches[1].set_ops == ("INTERSECT",)
+    assert tight.rewritten.count("(") == 1 and " UNION (SELECT sid FROM Positions" in tight.rewritten
+    left = compile_query(f"({a} UNION {b}) INTERSECT {c}", battlefield, "S")
+    assert left.set_ops == ("UNION", "INTERSECT") and len(left.branches) == 3
+    for cq in (tight, left):
+        again = compile_query(cq.rewritten, battlefield, "S")
+        assert again.rewritten == cq.rewritten and again.query == cq.query
+    # a stream operator with the first SELECTs in parentheses goes around the whole query
+    r = compile_query(f"SELECT RSTREAM sid FROM Vitals [ROWS 2] UNION {b} INTERSECT {c}", battlefield, "S")
+    assert r.r2s == "RSTREAM" and compile_query(r.rewritten, battlefield, "S").rewritten == r.rewritten
+    w = compile_query(f"RSTREAM(({a} UNION {b}) INTERSECT {c})", battlefield, "S")
+    assert w.rewritten.startswith("RSTREAM((SELECT sid FROM Vitals [ROWS 2")
+    streams = {"Vitals": VITALS, "Positions": POSITIONS}
+    # (a UNION b) INTERSECT c differs from a UNION (b INTERSECT c): at 2, c (Vitals [NOW]) holds b only
+    assert evaluate(f"RSTREAM(({a} UNION {b}) INTERSECT {c})", battlefield, "S", streams)[1] == (2, "C", "b")
+    assert (2, "U", "a") in evaluate(f"RSTREAM({a} UNION {b} INTERSECT {c})", battlefield, "S", streams)
 
 
 @pytest.mark.spark

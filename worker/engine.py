@@ -1282,6 +1282,8 @@ class _CompoundRun(CompoundRun):
     then the same stream operator and output as a single SELECT."""
 
     def branch_run(self, cq: CompiledQuery, chunk: QueryChunk, prefix: str) -> "_Run":
+        if cq.branches:  # a parenthesized compound: its combined relation is the part
+            return _CompoundRun(self.e, cq, chunk, self.mode, prefix=prefix)
         if cq.subqueries:  # the subqueries first; the outer query's relation joins the statement
             chunk, failure = DerivedRun(self.e, cq, chunk, self.mode).outer_chunk()
             if failure is not None:

@@ -10,7 +10,12 @@ rows exactly as for a single SELECT (docs/semantics.md §3, *Compound queries*):
   side) it stands for;
 * ``EXCEPT``: one row per distinct value tuple of the left side that the right side does not
   have at that instant (NULLs equal, as SQL's set operators), at the lub of the left rows it
-  stands for.
+  stands for;
+* ``INTERSECT``: one row per distinct value tuple of the left side that the right side has too,
+  at the lub of the rows of both sides it stands for.
+
+A SELECT may be a parenthesized compound query (``q1 EXCEPT (q2 UNION q3)``; an INTERSECT after
+a SELECT is one too, as it binds tighter): its combined relation is a part like a SELECT's.
 
 Failures: a row carrying a failure (``_err``, the SELECT's site code shifted past the codes of
 the SELECTs before it) is never merged away or removed by EXCEPT, and the right side's failed
@@ -71,15 +76,21 @@ class CompoundRun:
     def execute(self):
         if not self.instants:
             return self._empty(), None, None
+        return self._query(self._r2s(self.relation()), self._with_failures)
+
+    def relation(self) -> str:
+        """The CTE of the combined relation over the evaluation instants: ``(_tau, _mask, o.., _err)``
+        (also what a parenthesized compound is as a SELECT of another)."""
         parts = [self._branch(j, r) for j, r in enumerate(self.runs)]
         for r in self.runs:
             self.ctes += r.ctes
             self.frames.update(r.frames)
             self.rows_in += r.rows_in
+            self.failures += getattr(r, "failures", [])
         acc = self._cte("s0", parts[0])
         for k, (op, right) in enumerate(zip(self.cq.set_ops, parts[1:]), start=1):
             acc = self._combine(op, acc, self._cte(f"s{k}", right), k)
-        return self._query(self._r2s(acc), self._with_failures)
+        return acc
 
     def _with_failures(self, tbl):
         """The output rows and failure, with the first failure of a subquery a SELECT reads: the
@@ -95,9 +106,9 @@ class CompoundRun:
 
     def _branch(self, j: int, run) -> str:
         """SQL of SELECT ``j``'s relation in the compound's column types, failure codes shifted."""
+        rel = run.relation()  # (a parenthesized compound registers its SELECTs' sites here)
         offset = len(self.sites)
         self.sites += run.sites
-        rel = run.relation()
         cols = [f"CAST(o{k} AS {SPARK_TYPES[o.type]}) AS o{k}" for k, o in enumerate(self.cq.outputs)]
         if rel is None:  # empty at every instant
             nulls = ", ".join(f"CAST(NULL AS {SPARK_TYPES[o.type]}) AS o{k}" for k, o in enumerate(self.cq.outputs))
@@ -120,5 +131,14 @@ class CompoundRun:
                                f"FROM {left} GROUP BY {keys}")
         on = " AND ".join([f"l.{TAU} = r.{TAU}"] + [f"l.{o} <=> r.{o}" for o in self._outs()]
                           + [f"l.{ERR} IS NULL"])
+        failed = f"SELECT * FROM {right} WHERE {ERR} IS NOT NULL"
+        if op == "INTERSECT":
+            # the left side's distinct rows the right side's (unfailed) rows match, at the lub of the
+            # rows of both sides they stand for; failed rows of either side stay
+            r = self._cte(f"r{k}", f"SELECT {TAU}, bit_or({MASK}) AS {MASK}, {', '.join(self._outs())} "
+                                   f"FROM {right} WHERE {ERR} IS NULL GROUP BY {', '.join([TAU] + self._outs())}")
+            both = (f"SELECT l.{TAU}, l.{MASK} | r.{MASK} AS {MASK}, {', '.join(f'l.{o}' for o in self._outs())}, "
+                    f"l.{ERR} FROM {d} l JOIN {r} r ON {on}")
+            return self._cte(f"c{k}", f"{both} UNION ALL SELECT * FROM {d} WHERE {ERR} IS NOT NULL UNION ALL {failed}")
         kept = (f"SELECT l.* FROM {d} l LEFT ANTI JOIN (SELECT * FROM {right} WHERE {ERR} IS NULL) r ON {on}")
-        return self._cte(f"c{k}", f"{kept} UNION ALL SELECT * FROM {right} WHERE {ERR} IS NOT NULL")
+        return self._cte(f"c{k}", f"{kept} UNION ALL {failed}")

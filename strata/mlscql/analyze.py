@@ -249,8 +249,9 @@ def _derived(q: A.Query, config: Config, level: str, text: str) -> CompiledQuery
 
 
 def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQuery:
-    """``q1 UNION [ALL] q2 EXCEPT …``: every SELECT analyzed, authorized, rewritten and optimized on
-    its own (SEMANTICS §4 per SELECT); the same number of columns in each, of types that combine
+    """``q1 UNION [ALL] q2 EXCEPT …`` (also INTERSECT, and parenthesized compounds as branches): every
+    SELECT analyzed, authorized, rewritten and optimized on its own (SEMANTICS §4 per SELECT); the
+    same number of columns in each, of types that combine
     (a long with a double is a double); the names are the first SELECT's.  The stream operator is
     the written one, else RSTREAM when a SELECT's list has an aggregate, else ISTREAM."""
     branches = [analyze(b, config, level, to_text(b)) for b in q.branches]  # a SELECT may read subqueries
@@ -266,7 +267,7 @@ def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQ
                 raise SemanticError(f"{op}: column {k + 1} is {types[k]} in one SELECT and {o.type} in another")
             types[k] = t
     outputs = tuple(OutputColumn(o.name, t) for o, t in zip(first.outputs, types))
-    agg = any(A.aggregates_in(s.expr) for b in branches for s in (b.outer or b).query.select)
+    agg = any(_aggregates_in_select(b) for b in branches)
     r2s = q.r2s or ("RSTREAM" if agg else "ISTREAM")
     branches = [_with_r2s(b, r2s) for b in branches]
     from_ = tuple(f for b in branches for f in b.query.from_)
@@ -274,6 +275,14 @@ def _compound(q: A.Compound, config: Config, level: str, text: str) -> CompiledQ
     return CompiledQuery(text, level, query, tuple(it for b in branches for it in b.items), outputs, r2s,
                          any(b.is_aggregate for b in branches), tuple(n for b in branches for n in b.notes),
                          branches=tuple(branches), set_ops=tuple(q.ops))
+
+
+def _aggregates_in_select(cq: CompiledQuery) -> bool:
+    """Whether a select list of ``cq`` (any SELECT of a compound, the outer query over subqueries)
+    has an aggregate: what decides a compound query's default stream operator."""
+    if cq.branches:
+        return any(_aggregates_in_select(b) for b in cq.branches)
+    return any(A.aggregates_in(s.expr) for s in (cq.outer or cq).query.select or ())
 
 
 def _combined_type(a: str, b: str) -> str | None:

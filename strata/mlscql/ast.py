@@ -198,16 +198,17 @@ class Query:
 
 
 #: the set operators between the SELECTs of a compound query
-SET_OPS = ("UNION ALL", "UNION", "EXCEPT")
+SET_OPS = ("UNION ALL", "UNION", "EXCEPT", "INTERSECT")
 
 
 @dataclass(frozen=True)
 class Compound:
     """``q1 UNION [ALL] q2 EXCEPT q3 …``, left to right: ``ops[k]`` stands between ``branches[k]``
-    and ``branches[k + 1]``.  The branches carry no stream operator; ``r2s`` applies to the
-    combined relation."""
+    and ``branches[k + 1]``.  A later branch may itself be a compound (written in parentheses, or
+    an INTERSECT, which binds tighter); the first is a SELECT.  The branches carry no stream
+    operator; ``r2s`` applies to the combined relation."""
 
-    branches: tuple[Query, ...]
+    branches: tuple["Query | Compound", ...]
     ops: tuple[str, ...]
     r2s: str | None = None
     wrapped: bool = False

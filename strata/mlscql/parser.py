@@ -45,9 +45,10 @@ class _ToAst(Transformer):
         return A.Query(q.select, q.from_, q.where, q.group_by, q.having, r2s=str(r2s).upper(), wrapped=True,
                        distinct=q.distinct)
 
-    def set_op(self, left, op, right: A.Query):
+    def set_op(self, left, op, right):
         """``left op right``: the stream operator may stand on the first SELECT only (it applies to
-        the combined relation)."""
+        the combined relation).  A compound on the left is extended (left to right is left-nested);
+        one on the right (parentheses, or an INTERSECT binding tighter) stays one branch."""
         if right.r2s is not None:
             raise ParseError(f"{right.r2s} on a later SELECT of {str(op).split()[0].upper()}: put the stream "
                              f"operator on the first SELECT or around the whole query ({right.r2s}(...))")
@@ -55,6 +56,13 @@ class _ToAst(Transformer):
         if isinstance(left, A.Compound):
             return A.Compound(left.branches + (right,), left.ops + (op,), left.r2s)
         return A.Compound((dataclasses.replace(left, r2s=None), right), (op,), left.r2s)
+
+    def parenthesized(self, q):
+        """``( q )`` in a compound query: a relation, so without a stream operator of its own."""
+        if q.r2s is not None:
+            raise ParseError(f"{q.r2s} inside parentheses: put the stream operator on the first SELECT or around "
+                             f"the whole query ({q.r2s}(...))")
+        return q
 
     def select_stmt(self, r2s, distinct, select, from_, *rest):
         where = group = having = None

@@ -125,10 +125,20 @@ def window_text(w: A.Window) -> str:
 
 def to_text(q: A.Query | A.Compound) -> str:
     if isinstance(q, A.Compound):
-        text = to_text(q.branches[0] if q.wrapped or q.r2s is None else replace(q.branches[0], r2s=q.r2s))
+        # parentheses where the left-to-right order would read otherwise: around a compound branch,
+        # and around what comes before an INTERSECT that follows another operator (INTERSECT binds
+        # tighter); the stream operator then goes around the whole
+        grouped = any(op == "INTERSECT" and k and any(o != "INTERSECT" for o in q.ops[:k])
+                      for k, op in enumerate(q.ops))
+        wrapped = q.wrapped or (grouped and q.r2s is not None)
+        text = to_text(q.branches[0] if wrapped or q.r2s is None else replace(q.branches[0], r2s=q.r2s))
+        mixed = False
         for op, b in zip(q.ops, q.branches[1:]):
-            text += f" {op} {to_text(b)}"
-        return f"{q.r2s}({text})" if q.wrapped else text
+            if op == "INTERSECT" and mixed:
+                text = f"({text})"
+            mixed = mixed or op != "INTERSECT"
+            text += f" {op} " + (f"({to_text(b)})" if isinstance(b, A.Compound) else to_text(b))
+        return f"{q.r2s}({text})" if wrapped else text
     sel = "*" if q.select is None else ", ".join(
         expr_text(i.expr) + (f" AS {i.alias}" if i.alias else "") for i in q.select
     )

@@ -770,7 +770,10 @@ class _CompoundEvaluator:
     items; at each, every SELECT's R(τ) is built as above and they are combined left to right:
     UNION ALL keeps both bags; UNION one row per value tuple at the lub of the rows (of either side)
     with those values; EXCEPT one row per value tuple of the left side absent from the right side,
-    at the lub of the left rows with those values.  A SELECT failing at τ fails the query at τ.
+    at the lub of the left rows with those values; INTERSECT one row per value tuple of the left
+    side present on the right side, at the lub of the rows of both sides with those values.  A
+    SELECT may be a parenthesized compound (also an INTERSECT after another operator: it binds
+    tighter), evaluated the same way.  A SELECT failing at τ fails the query at τ.
     The stream operator applies to the combined relation (default RSTREAM if a SELECT's list has
     an aggregate, else ISTREAM)."""
 
@@ -778,7 +781,8 @@ class _CompoundEvaluator:
         self.branches = [_evaluator_of(b, config, level, streams) for b in q.branches]
         self.ops = q.ops
         self.lat = config.lattice
-        self.r2s = q.r2s or (RSTREAM if any(b.agg_in_select for b in self.branches) else ISTREAM)
+        self.agg_in_select = any(b.agg_in_select for b in self.branches)
+        self.r2s = q.r2s or (RSTREAM if self.agg_in_select else ISTREAM)
 
     run = _Evaluator.run
     _distinct = _Evaluator._distinct
@@ -794,6 +798,10 @@ class _CompoundEvaluator:
                 acc = acc + right
             elif op == "UNION":
                 acc = self._distinct(acc + right)
+            elif op == "INTERSECT":  # the left values the right side has, at the lub of both sides' rows
+                there = {tuple(vals): lvl for lvl, *vals in self._distinct(right)}
+                acc = [(self.lat.lub(lvl, there[tuple(vals)]), *vals) for lvl, *vals in self._distinct(acc)
+                       if tuple(vals) in there]
             else:  # EXCEPT
                 gone = {tuple(vals) for _, *vals in right}
                 acc = [r for r in self._distinct(acc) if tuple(r[1:]) not in gone]
