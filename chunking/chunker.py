@@ -463,29 +463,30 @@ class Chunker:
     def _normalize(self, name: str, table) -> tuple[pa.Table, frozenset]:
         """Validate a batch; return it as ``ts, level, attributes`` with the stream's Arrow types,
         and its distinct (canonical) levels."""
+        rel = name in self._relations
+        what = f"relation {name}" if rel else f"stream {name}"
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         elif not isinstance(table, pa.Table):
             try:
                 table = pa.table(table)
             except Exception as e:  # noqa: BLE001
-                raise ChunkingError(f"stream {name}: cannot read batch as a table: {e}", "bad_batch") from None
+                raise ChunkingError(f"{what}: cannot read batch as a table: {e}", "bad_batch") from None
         schema = self._schemas[name]
-        rel = name in self._relations
         want = [f.name for f in schema if f.name not in ("_seq", relations.DEL)] + ([OP_COLUMN] if rel else [])
         got = table.column_names
         if len(set(c.lower() for c in got)) != len(got):
             dups = sorted({c for c in got if [x.lower() for x in got].count(c.lower()) > 1})
-            raise ChunkingError(f"stream {name}: duplicate columns {', '.join(dups)}", "duplicate_columns")
+            raise ChunkingError(f"{what}: duplicate columns {', '.join(dups)}", "duplicate_columns")
         lower = {c.lower(): c for c in got}
         missing = [c for c in want if c.lower() not in lower]
         extra = [c for c in got if c.lower() not in {w.lower() for w in want}]
         if missing:
-            raise ChunkingError(f"stream {name}: missing columns {', '.join(missing)}", "missing_columns")
+            raise ChunkingError(f"{what}: missing columns {', '.join(missing)}", "missing_columns")
         if extra:
             raise ChunkingError(
-                f"stream {name}: unexpected columns {', '.join(extra)} (expected ts, level, "
-                f"{', '.join(schema.names[3:])})",
+                f"{what}: unexpected columns {', '.join(extra)} (expected ts, level, "
+                f"{', '.join(want[2:])})",
                 "extra_columns",
             )
         cols = []
@@ -497,22 +498,22 @@ class Chunker:
                     col = col.cast(target, safe=True)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
                     raise ChunkingError(
-                        f"stream {name}: column {c} of type {col.type} cannot be read as {target}: {e}", "bad_type"
+                        f"{what}: column {c} of type {col.type} cannot be read as {target}: {e}", "bad_type"
                     ) from None
             cols.append(col)
         n = table.num_rows
         ts, level = cols[0], cols[1]
         present: frozenset = frozenset()
         if ts.null_count:
-            raise ChunkingError(f"stream {name}: ts is null in {ts.null_count} tuple(s)", "null_ts")
+            raise ChunkingError(f"{what}: ts is null in {ts.null_count} tuple(s)", "null_ts")
         if level.null_count:
-            raise ChunkingError(f"stream {name}: level is null in {level.null_count} tuple(s)", "null_level")
+            raise ChunkingError(f"{what}: level is null in {level.null_count} tuple(s)", "null_level")
         if rel:
             op = pc.utf8_lower(cols[-1])
             ok = pc.is_in(op, value_set=pa.array(RELATION_OPS, pa.string()))
             if n and (op.null_count or not pc.all(ok).as_py()):
                 i = pc.index(pc.fill_null(ok, False), False).as_py()
-                raise ChunkingError(f"relation {name}: row {i + 1}: op must be insert or delete, not "
+                raise ChunkingError(f"{what}: row {i + 1}: op must be insert or delete, not "
                                     f"{cols[-1][i].as_py()!r}", "bad_op")
             cols[-1] = op
         if n:
@@ -523,7 +524,7 @@ class Chunker:
                 try:
                     canon.append(self.config.lattice.parse(lv))
                 except LevelError as e:
-                    raise ChunkingError(f"stream {name}: {e}", "unknown_level") from None
+                    raise ChunkingError(f"{what}: {e}", "unknown_level") from None
             if canon != uniq:
                 idx = pc.index_in(level, value_set=pa.array(uniq, pa.string()))
                 level = pa.chunked_array([pc.take(pa.array(canon, pa.string()), idx.combine_chunks())])
@@ -532,22 +533,22 @@ class Chunker:
             # ts: non-negative, non-decreasing, not in a closed chunk
             tsn = ts.to_numpy()
             if tsn[0] < 0 or tsn.min() < 0:
-                raise ChunkingError(f"stream {name}: negative ts {int(tsn.min())}", "negative_ts")
+                raise ChunkingError(f"{what}: negative ts {int(tsn.min())}", "negative_ts")
             if n > 1 and (np.diff(tsn) < 0).any():
                 i = int(np.argmax(np.diff(tsn) < 0))
                 raise ChunkingError(
-                    f"stream {name}: ts decreases within the batch ({int(tsn[i])} then {int(tsn[i + 1])} "
+                    f"{what}: ts decreases within the batch ({int(tsn[i])} then {int(tsn[i + 1])} "
                     f"at row {i + 1})",
                     "ts_decreasing",
                 )
             last = self._last_ts.get(name)
             if last is not None and tsn[0] < last:
                 raise ChunkingError(
-                    f"stream {name}: ts {int(tsn[0])} is before the stream's last ts {last}", "ts_decreasing"
+                    f"{what}: ts {int(tsn[0])} is before the stream's last ts {last}", "ts_decreasing"
                 )
             if tsn[0] < self.closed_until:
                 raise ChunkingError(
-                    f"stream {name}: late tuple: ts {int(tsn[0])} is in an already closed chunk "
+                    f"{what}: late tuple: ts {int(tsn[0])} is in an already closed chunk "
                     f"(instants < {self.closed_until} are closed)",
                     "late_tuple",
                 )
