@@ -322,7 +322,7 @@ class Chunker:
         for it in items:
             if it.kind == "relation":  # the relation as it is: live rows, then the updates not cut yet
                 rel = self._relations[it.stream]
-                it.hist = rel.visible(it.levels, it.schema)
+                it.hist = rel.visible(it.levels)
                 for t in rel.recent:
                     self._feed(it, t, frozenset(pc.unique(t.column("level")).to_pylist()), {}, {})
 

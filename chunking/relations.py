@@ -29,7 +29,7 @@ __all__ = ["DEL", "Relation", "RelationError", "apply", "intervals"]
 #: the column of a committed relation row naming the row a delete removes (NULL: an insert)
 DEL = "_del"
 
-_NAN = object()  # NaN as a dictionary key equal to itself
+_NAN = object()  # NaN as a dictionary key equal to itself (-0.0 and 0.0 are equal keys already)
 
 
 class RelationError(ValueError):
@@ -37,8 +37,7 @@ class RelationError(ValueError):
 
 
 def _norm(values: list) -> list:
-    return [_NAN if isinstance(v, float) and math.isnan(v) else (0.0 if v == 0.0 and isinstance(v, float) else v)
-            for v in values]
+    return [_NAN if isinstance(v, float) and math.isnan(v) else v for v in values]
 
 
 def _keys(t: pa.Table, attributes: list[str]) -> list[tuple]:
@@ -127,10 +126,10 @@ class Relation:
         t = t.drop_columns([OP_COLUMN])
         return t.append_column(DEL, pa.array(dels, pa.int64()))
 
-    def visible(self, levels, schema: pa.Schema) -> pa.Table:
+    def visible(self, levels) -> pa.Table:
         """The live rows (as of the closed boundary) of ``levels``."""
         if self.live.num_rows == 0:
-            return schema.empty_table()
+            return self.schema.empty_table()
         return self.live.filter(pc.is_in(self.live.column("level"), value_set=pa.array(sorted(levels), pa.string())))
 
     def fold(self, boundary: int) -> None:

@@ -85,16 +85,22 @@ class StreamError(ValueError):
         self.key = key
 
 
+#: what "declare at least one attribute" suggests, for a stream and for a relation
+_EXAMPLE_ATTRIBUTE = {False: 'bp = "double"', True: 'unit = "string"'}
+
+
 def stream_of(name: str, columns, known=(), relation: bool = False) -> StreamSchema:
     """The schema of stream ``name`` with ``columns`` ((attribute, type) pairs, in order), checked as a
     ``[streams.NAME]`` table is: identifiers, not ``ts``/``level``, no attribute twice, known types, a
-    name none of ``known`` (stream names) has, all case-insensitively.  Raises :class:`StreamError`."""
+    name none of ``known`` (stream names) has, all case-insensitively.  Raises :class:`StreamError`.
+    ``relation``: a ``[relations.NAME]`` table (messages say so; ``op`` is not an attribute)."""
+    kind = "relation" if relation else "stream"
     if not isinstance(name, str) or not _IDENT.fullmatch(name):
-        raise StreamError(f"stream name {name!r} is not an identifier")
+        raise StreamError(f"{kind} name {name!r} is not an identifier")
     if name.lower() in {k.lower() for k in known}:
-        raise StreamError(f"stream {name!r} is declared twice (names are case-insensitive)")
+        raise StreamError(f"{kind} {name!r} is declared twice (names are case-insensitive)")
     if not columns:
-        raise StreamError("declare at least one attribute, e.g. bp = \"double\"")
+        raise StreamError(f"declare at least one attribute, e.g. {_EXAMPLE_ATTRIBUTE[relation]}")
     out, seen = [], set()
     for col, typ in columns:
         if not isinstance(col, str) or not _IDENT.fullmatch(col):
@@ -256,34 +262,21 @@ def parse_config(text: str, path: Path | None = None) -> Config:
     if isinstance(instant, bool) or not isinstance(instant, (int, float)) or instant <= 0:
         raise err("time", "instant_seconds", "must be a positive number of seconds")
 
-    raw_streams = data.get("streams", {})
-    if not isinstance(raw_streams, dict):
-        raise err("streams", None, "must be a table of [streams.NAME] tables")
     streams: dict[str, StreamSchema] = {}
-    for sname, cols in raw_streams.items():
-        sec = f"streams.{sname}"
-        if not isinstance(cols, dict) or not cols:
-            if _IDENT.fullmatch(sname):
-                raise err(sec, None, "declare at least one attribute, e.g. bp = \"double\"")
-            cols = {}
-        try:
-            streams[sname] = stream_of(sname, list(cols.items()), streams)
-        except StreamError as e:
-            raise err(sec, e.key, str(e)) from None
-
-    raw_relations = data.get("relations", {})
-    if not isinstance(raw_relations, dict):
-        raise err("relations", None, "must be a table of [relations.NAME] tables")
-    for rname, cols in raw_relations.items():
-        sec = f"relations.{rname}"
-        if not isinstance(cols, dict) or not cols:
-            if _IDENT.fullmatch(rname):
-                raise err(sec, None, "declare at least one attribute, e.g. unit = \"string\"")
-            cols = {}
-        try:
-            streams[rname] = stream_of(rname, list(cols.items()), streams, relation=True)
-        except StreamError as e:
-            raise err(sec, e.key, str(e).replace("stream ", "relation ", 1) if str(e).startswith("stream ") else str(e)) from None
+    for section, relation in (("streams", False), ("relations", True)):  # one namespace for both
+        raw = data.get(section, {})
+        if not isinstance(raw, dict):
+            raise err(section, None, f"must be a table of [{section}.NAME] tables")
+        for sname, cols in raw.items():
+            sec = f"{section}.{sname}"
+            if not isinstance(cols, dict) or not cols:
+                if _IDENT.fullmatch(sname):
+                    raise err(sec, None, f"declare at least one attribute, e.g. {_EXAMPLE_ATTRIBUTE[relation]}")
+                cols = {}
+            try:
+                streams[sname] = stream_of(sname, list(cols.items()), streams, relation=relation)
+            except StreamError as e:
+                raise err(sec, e.key, str(e)) from None
 
     limits = _limits(data.get("limits", {}), err)
     rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams", "relations", "limits")}

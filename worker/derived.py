@@ -12,6 +12,8 @@ query's failure at τ: the outer query is evaluated at the instants before it on
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +42,7 @@ class DerivedRun:
             instants = [t for t in instants if t < failure[0]]
         if not instants:
             return empty, None, failure
-        outer = QueryChunk(chunk.query_id, chunk.chunk_id, outer.items, instants, outer.prev_instant)
+        outer = dataclasses.replace(outer, instants=instants)
         out, outer_failure = self.e.evaluate(cq.outer, outer, legacy_mode(cq.outer))
         return out, None, outer_failure if outer_failure is not None else failure
 

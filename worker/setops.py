@@ -96,7 +96,7 @@ class CompoundRun:
         """The output rows and failure, with the first failure of a subquery a SELECT reads: the
         query fails at the earliest of them, keeping only the rows before it."""
         rows, state, failure = self._rows_only(tbl)
-        first = min([f for f in self.failures + ([failure] if failure else [])], key=lambda f: f[0], default=None)
+        first = min(self.failures + ([failure] if failure else []), key=lambda f: f[0], default=None)
         if first is not None and first is not failure and rows.num_rows:
             rows = rows.filter(pc.less(rows.column("ts"), first[0]))
         return rows, state, first

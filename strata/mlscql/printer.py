@@ -148,8 +148,9 @@ def to_text(q: A.Query | A.Compound) -> str:
             items.append(f"({to_text(f.subquery)}) {f.alias}")
             continue
         s = f.stream
-        if f.window is not None and window_text(f.window):
-            s += " " + window_text(f.window)
+        win = window_text(f.window) if f.window is not None else ""
+        if win:  # (a stored relation without a level clause has none)
+            s += " " + win
         if f.alias:
             s += f" {f.alias}"
         items.append(s)
