@@ -18,18 +18,37 @@ from strata.config import config_of
 from strata.errors import EXIT_OK, CliError
 from strata.serving import free_udp_port, pid_alive, progress
 
-__all__ = ["start_cluster", "stop_cluster", "restart_process", "renew_master", "alive", "default_workers",
-           "embedded_load_reading", "add_parsers"]
+__all__ = ["start_cluster", "embedded_start", "stop_cluster", "restart_process", "renew_master",
+           "workers_ready_after", "alive", "default_workers", "embedded_load_reading", "add_parsers"]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def default_workers() -> int:
     """Workers of an embedded cluster by default: one per core this process may use (each worker
     is one Spark JVM on one core, ``local[1]``), at most 2 (the documented default)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(2, cores))
+    return max(1, min(2, _cores()))
+
+
+def embedded_start(workers: int, cores: int | None = None) -> dict:
+    """How a run that starts its own cluster (``strata replay``, the demo) starts it: the
+    ``wait`` and ``stagger`` arguments of :func:`start_cluster`.
+
+    A worker's start-up (JVM, Spark session, warm-up) keeps ~1.4 cores busy for ~10 s.  With
+    fewer than two cores per worker, workers started together only slow each other down (on
+    2 cores: both ready after 14-17 s, against 10-12 s for one alone), so they start one after
+    the other and the run begins as soon as the master and the first worker are ready; the
+    others join the group (and get chunks) when they are.  With enough cores they start
+    together and the run waits for all of them.  Measured: bench/NOTES.md."""
+    cores = _cores() if cores is None else cores
+    if workers > 1 and cores < 2 * workers:
+        return {"wait": "first", "stagger": True}
+    return {"wait": "all", "stagger": False}
 
 
 def embedded_load_reading(cfg) -> str:
@@ -166,7 +185,21 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
             "tls_dir": record["tls_dir"],
             "seconds": {"first": None if first is None else round(first, 2),
-                        "all": None if pending else round(time.monotonic() - t_start, 2)}}
+                        "all": None if pending else round(time.monotonic() - t_start, 2)},
+            "worker_ready_files": [p["ready"] for p in procs if p["role"] == "worker"],
+            "started_at": time.time() - (time.monotonic() - t_start)}
+
+
+def workers_ready_after(started: dict) -> list[float | None]:
+    """Seconds from the start of :func:`start_cluster` (its result ``started``) until each worker
+    was ready, None for one not ready (yet): a staggered start returns before the later ones are."""
+    out = []
+    for f in started.get("worker_ready_files", []):
+        try:
+            out.append(round(Path(f).stat().st_mtime - started["started_at"], 2))
+        except OSError:
+            out.append(None)
+    return out
 
 
 def restart_process(state_dir: Path, name: str, timeout: float = 120.0) -> dict:
@@ -272,7 +305,7 @@ def cmd_up(args) -> int:
     levels = parse_levels(config_of(args), args.levels)
     out = start_cluster(args.config, levels, args.workers, Path(args.state_dir), args.chunk_seconds,
                         args.multicast_port or None, tls=not args.insecure)
-    print(json.dumps(out))
+    print(json.dumps({k: out[k] for k in ("masters", "tls_dir", "seconds")}))
     return EXIT_OK
 
 

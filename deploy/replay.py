@@ -17,9 +17,9 @@ from strata.commands import (EXIT_FAILED, client_call, client_tls, drop_above, f
 from strata.errors import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
 from strata.serving import progress
 
-from .local import default_workers, renew_master, start_cluster, stop_cluster
+from .local import default_workers, embedded_start, renew_master, start_cluster, stop_cluster, workers_ready_after
 
-__all__ = ["replay", "cmd_replay", "add_parsers", "EMBEDDED_START"]
+__all__ = ["replay", "cmd_replay", "add_parsers"]
 
 
 def tls_cache() -> Path | None:
@@ -85,11 +85,13 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
                 raise CliError("login failed: unknown user or wrong password", EXIT_LOGIN)
             level = u.clearance
         tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
-        progress(f"starting an embedded cluster at level {level} with {workers} workers "
-                  f"(user {user} has every role on it)")
+        how = embedded_start(workers)
+        progress(f"starting an embedded cluster at level {level} with {workers} workers"
+                 + (" one after the other (few cores); the run begins when the first is ready" if how["stagger"] else "")
+                 + f" (user {user} has every role on it)")
         t1 = time.monotonic()
         started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user,
-                                tls_dir=tls_cache(), persist=False, **EMBEDDED_START)
+                                tls_dir=tls_cache(), persist=False, **how)
         out_t["start"] = round(time.monotonic() - t1, 3)
         out_t["start_split"] = started.get("seconds")
         master, tls_dir = started["masters"][cfg.lattice.parse(level)], started["tls_dir"]
@@ -148,6 +150,7 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         ok = True
     finally:
         if tmp is not None:
+            out_t["workers_ready"] = workers_ready_after(started)
             t4 = time.monotonic()
             stop_cluster(tmp)
             out_t["stop"] = round(time.monotonic() - t4, 3)
@@ -156,10 +159,6 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
 
                 shutil.rmtree(tmp, ignore_errors=True)
     return EXIT_FAILED if failed else EXIT_OK
-
-
-#: how `strata replay` (and the demo) start their embedded cluster (measured: docs/benchmarks/README.md)
-EMBEDDED_START = {"wait": "all", "stagger": False}
 
 
 def write_outputs(output: str, regs, results) -> None:

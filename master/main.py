@@ -6,7 +6,7 @@ from pathlib import Path
 
 from strata.config import config_of
 from strata.errors import EXIT_OK, CliError
-from strata.serving import add_process_options, group_spec_of, progress, ready_writer, server_tls
+from strata.serving import add_process_options, exit_now, group_spec_of, progress, ready_writer, server_tls
 
 __all__ = ["cmd_master", "add_parsers"]
 
@@ -38,7 +38,7 @@ def cmd_master(args) -> int:
                      owner=args.owner or None)
     except StateMismatch as e:  # the state file belongs to another level or configuration
         raise CliError(str(e)) from None
-    return EXIT_OK
+    exit_now(EXIT_OK)
 
 
 def add_parsers(sub) -> None:

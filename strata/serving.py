@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ import grpc
 
 from .errors import CliError
 
-__all__ = ["build_server", "run_until_stopped", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
+__all__ = ["build_server", "run_until_stopped", "exit_now", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
            "ready_writer", "server_tls", "add_process_options", "pid_alive"]
 
 MAX_MESSAGE = 256 * 1024 * 1024
@@ -58,6 +59,20 @@ def run_until_stopped(stop_event: threading.Event | None, on_ready: Callable[[],
         stop.wait()
     finally:
         cleanup()
+
+
+def exit_now(code: int = 0) -> None:
+    """End a server process (``strata master``/``worker``) once its cleanup has run: flush and
+    leave without the interpreter's finalization (py4j's and gRPC's threads, module teardown),
+    which took 0.2-0.4 s of every stop of an embedded cluster.  Only for the process's entry
+    point: whatever must survive is closed by the cleanup before (the master's store)."""
+    logging.shutdown()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def progress(msg: str) -> None:

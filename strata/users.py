@@ -43,8 +43,10 @@ _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _FORMAT = 1
 # argon2id; parameters of RFC 9106's second recommended option (memory-constrained)
 _HASHER = PasswordHasher(time_cost=3, memory_cost=64 * 1024, parallelism=4)
-# verified against unknown names so that timing does not reveal which names exist
-_DUMMY_HASH = _HASHER.hash("strata-dummy-password")
+# verified against unknown names so that timing does not reveal which names exist: a hash with
+# _HASHER's parameters (tests/test_users.py checks they agree), written out rather than computed
+# at import, which cost every process (client, master, workers) ~0.2 s of CPU
+_DUMMY_HASH = "$argon2id$v=19$m=65536,t=3,p=4$kLWuzu7ZWPIayTZU57R7Dw$5J65B4vy5BIyeDshHbIx7SmuL9xGlgtCe1/+fWmn3YI"
 _LOGIN_FAILED = "login failed: unknown user or wrong password"
 log = logging.getLogger("strata.users")
 

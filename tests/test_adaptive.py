@@ -507,6 +507,30 @@ def test_embedded_clusters_honour_the_configured_load_reading():
     assert embedded_load_reading(parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "host"\n')) == "host"
 
 
+def test_embedded_workers_start_one_after_the_other_only_on_few_cores():
+    from strata.deploy.local import embedded_start
+
+    staggered, together = {"wait": "first", "stagger": True}, {"wait": "all", "stagger": False}
+    assert embedded_start(2, cores=2) == staggered  # two JVMs starting at once fight for 2 cores
+    assert embedded_start(2, cores=3) == staggered
+    assert embedded_start(2, cores=4) == together
+    assert embedded_start(3, cores=8) == together
+    assert embedded_start(1, cores=1) == together  # nothing to stagger
+
+
+def test_workers_ready_after_reads_the_ready_files(tmp_path):
+    import os
+
+    from strata.deploy.local import workers_ready_after
+
+    ready, later = tmp_path / "w0.json", tmp_path / "w1.json"
+    ready.write_text("{}")
+    os.utime(ready, (1000.0 + 9.5, 1000.0 + 9.5))
+    started = {"worker_ready_files": [str(ready), str(later)], "started_at": 1000.0}
+    assert workers_ready_after(started) == [9.5, None]  # the second one was not ready (yet)
+    assert workers_ready_after({}) == []
+
+
 def test_fast_input_gathers_for_one_job_time_paced_input_goes_after_a_probe(battlefield):
     now = [0.0]
     core = MasterCore(battlefield, "S", clock=lambda: now[0], linger=True)  # chunk period 1 s

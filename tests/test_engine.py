@@ -458,3 +458,18 @@ def test_string_group_keys_travel_as_codes_where_that_cannot_change_the_answer(s
     got = coding.run(cq, chunk([t], [1, 2, 3]))
     assert got.error is None and rows_of(got) == rows_of(plain.run(cq, chunk([t], [1, 2, 3])))
     assert got.rows.schema == plain.run(cq, chunk([t], [1, 2, 3])).rows.schema  # strings again, NULL kept
+
+
+def test_warm_up_runs_what_prepare_made_while_the_jvm_started(spark, battlefield):
+    """A worker compiles the warm-up's queries and builds its first chunk while its JVM starts
+    (worker/server.py); the warm-up then runs that chunk first.  A configuration without a
+    stream to warm has nothing to prepare, and a negative budget warms nothing."""
+    from strata.worker.warmup import prepare, warm_up
+
+    prepared = prepare(battlefield, "S")
+    assert prepared is not None and prepared["first"].num_rows == 100 + 3 * 300
+    assert {kind for kind, _ in prepared["queries"]} == {"small", "range", "state"}
+    done = warm_up(Engine(spark, battlefield), battlefield, "S", budget=0, prepared=prepared)
+    assert done["steps"] == 1 and done["first_step"] is not None
+    assert prepare(parse_config('[lattice]\nlevels = ["U"]\n[relations.R]\na = "double"\n'), "U") is None
+    assert warm_up(Engine(spark, battlefield), battlefield, "S", budget=-1)["steps"] == 0

@@ -198,3 +198,17 @@ def test_changes_keep_broken_entries_as_they_were(mixed):
     # a new password for an entry with bad roles gets the default role
     assert store.add("badroles", "S", "pw-b", replace=True).roles == {"analyst"}
     assert store.authenticate("badroles", "pw-b", "S").level == "S"
+
+
+def test_dummy_hash_costs_what_a_real_hash_costs():
+    """Unknown names are verified against a written-out hash: it must have the hasher's
+    parameters (time, memory, lanes), or a changed hasher would make unknown names cheaper."""
+    from argon2 import extract_parameters
+
+    from strata import users
+
+    want = extract_parameters(users._HASHER.hash("x"))
+    got = extract_parameters(users._DUMMY_HASH)
+    assert (got.type, got.time_cost, got.memory_cost, got.parallelism, got.hash_len, got.salt_len) == \
+        (want.type, want.time_cost, want.memory_cost, want.parallelism, want.hash_len, want.salt_len)
+    assert not users._HASHER.check_needs_rehash(users._DUMMY_HASH)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from strata.config import config_of
 from strata.errors import EXIT_OK
-from strata.serving import add_process_options, group_spec_of, ready_writer, server_tls
+from strata.serving import add_process_options, exit_now, group_spec_of, ready_writer, server_tls
 
 __all__ = ["cmd_worker", "add_parsers"]
 
@@ -30,7 +30,7 @@ def cmd_worker(args) -> int:
             time.sleep(0.1)
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
                  ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading)
-    return EXIT_OK
+    exit_now(EXIT_OK)
 
 
 def add_parsers(sub) -> None:

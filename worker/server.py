@@ -83,17 +83,39 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     certificate and answers only a ``master`` certificate of its own level;
     without it (``--insecure``) it relies on the group key alone.
     """
-    from strata.worker.engine import Engine
-    from strata.groups.membership import GroupMember
     from strata.worker.spark import get_session
 
+    # the JVM and Spark session start in a thread while this one does the Python side of the
+    # start-up (imports, compiling the warm-up's queries, its first chunk): the JVM alone keeps
+    # ~1.4 cores busy, so on 2 cores the rest overlaps
     t0 = time.perf_counter()
-    spark = get_session(master=spark_master, app_name=f"strata-worker-{level}", build_cds=True)
-    t_session = time.perf_counter() - t0
-    engine = Engine(spark, config)
-    from .warmup import warm_up
+    box: dict = {}
 
-    warm = warm_up(engine, config, level)
+    def start_session():
+        try:
+            box["spark"] = get_session(master=spark_master, app_name=f"strata-worker-{level}", build_cds=True)
+        except BaseException as e:  # noqa: BLE001 - raised below, in the calling thread
+            box["error"] = e
+        box["seconds"] = time.perf_counter() - t0
+
+    starting = threading.Thread(target=start_session, name="spark-session", daemon=True)
+    starting.start()
+    from strata.worker.engine import Engine
+    from strata.groups.membership import GroupMember
+
+    from .warmup import prepare, warm_up
+
+    try:
+        prepared = prepare(config, level)
+    except Exception as e:  # noqa: BLE001 - never fatal: warm_up tries again and logs
+        log.warning("warm-up preparation failed: %s", e)
+        prepared = None
+    starting.join()
+    if "error" in box:
+        raise box["error"]
+    spark, t_session = box["spark"], box["seconds"]
+    engine = Engine(spark, config)
+    warm = warm_up(engine, config, level, prepared=prepared)
     print(f"[strata] worker start-up: Spark session {t_session:.1f} s, warm-up {warm['seconds']:.1f} s "
           f"({warm['steps']} chunks)", file=sys.stderr, flush=True)
     core = WorkerCore(config, level, engine)

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 
-__all__ = ["warm_up", "WARMUP_SECONDS"]
+__all__ = ["warm_up", "prepare", "WARMUP_SECONDS"]
 
 log = logging.getLogger("strata.worker")
 
@@ -80,7 +80,25 @@ def _warm_table(stream, level: str, instants: list[int], per_instant: int, seed:
     return pa.table(cols)
 
 
-def warm_up(engine, config, level: str, budget: float | None = None, rounds: int | None = None) -> dict:
+def _batch_table(stream, lv, base: int):
+    """The first step's chunk: one legacy instant of 100 tuples, then three of 300."""
+    return _seq(_warm_table(stream, lv, [base], 100, seed=base),
+                _warm_table(stream, lv, [base + 1, base + 2, base + 3], 300, seed=base + 1))
+
+
+def prepare(config, level: str) -> dict | None:
+    """The warm-up's Python side (compiling its queries, the first step's table), which needs no
+    Spark: a worker does it while its JVM starts (worker/server.py).  None: nothing to warm."""
+    queries = _warm_queries(config, level)
+    if not queries:
+        return None
+    stream = config.streams[queries[0][1].items[0].stream]
+    lv = config.lattice.parse(level)
+    return {"queries": queries, "stream": stream, "lv": lv, "first": _batch_table(stream, lv, 1000)}
+
+
+def warm_up(engine, config, level: str, budget: float | None = None, rounds: int | None = None,
+            prepared: dict | None = None) -> dict:
     """Evaluate representative chunks so the first real chunk is not the JVM's first: the JIT,
     class loading and generated code are then warm for the paths real chunks take
     (``createDataFrame`` from Arrow, the statement shapes of ROWS/RANGE/aggregate/join/state
@@ -109,17 +127,15 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
     if budget < 0:
         return done
     try:
-        queries = _warm_queries(config, level)
-        if not queries:
+        prepared = prepared or prepare(config, level)
+        if prepared is None:
             return done
-        stream = config.streams[queries[0][1].items[0].stream]
+        queries, stream, lv = prepared["queries"], prepared["stream"], prepared["lv"]
         executor = SharedExecutor(engine, config, enabled=True)
-        lv = config.lattice.parse(level)
         small = {f"w{k}": cq for k, (kind, cq) in enumerate(queries) if kind == "small"}
 
         def batch(base):
-            table = _seq(_warm_table(stream, lv, [base], 100, seed=base),
-                         _warm_table(stream, lv, [base + 1, base + 2, base + 3], 300, seed=base + 1))
+            table = prepared["first"] if base == 1000 else _batch_table(stream, lv, base)
             chunks = [prune_query_chunk(cq, QueryChunk(qid, -1, [table] * len(cq.items), [base + 1, base + 2, base + 3],
                                                        prev_instant=base)) for qid, cq in small.items()]
             executor.run(small, chunks)
