@@ -914,11 +914,13 @@ class UsersWatch:
 
 
 def warm_up(config, level: str) -> None:
-    """Do once, before the master says it is ready, what the first registration, batch and
-    chunk would otherwise pay for: pyarrow's lazy pandas import, building the MLS-CQL parser,
-    the chunker, merging, pruning and encoding.  Never fatal."""
+    """Do once, before the master says it is ready, what the first login, registration, batch and
+    chunk would otherwise pay for: pyarrow's lazy pandas import, the certificate parser, building
+    the MLS-CQL parser, the chunker, merging, pruning and encoding.  Never fatal."""
     try:
         import pandas  # noqa: F401 - pyarrow imports it on the first array built from Python objects
+        from cryptography import x509  # noqa: F401 - the first TLS peer check's (tls.read_identity): ~0.2 s
+        from cryptography.x509.oid import NameOID  # noqa: F401
 
         from strata.chunking.chunker import merge_chunks
         from strata.chunking.codec import encode_chunk
