@@ -350,8 +350,8 @@ def _userpath_section(up: dict) -> list[str]:
           f"4 levels, 1/4 each), `{up.get('query')}` at level {up.get('level')} (the shepherd drops the TS "
           f"quarter), run as subprocesses exactly as typed; throughput = ({big:,} − {small:,}) / (T_{big // 1000}k − "
           f"T_{small // 1000}k), medians of {up.get('reps')} interleaved runs each; start-up reported apart, and the same "
-          "throughput from each run's T minus its own start-up (the start-up's run-to-run noise, ±0.5 s here, is "
-          "larger than the 1 M run's extra work). CPU = "
+          "throughput from each run's T minus its own start-up (the start-up's run-to-run noise, ±1 s on this VM, is "
+          "as large as the 1 M run's extra work). CPU = "
           "all processes of the command's tree, JVMs included. Load average "
           f"{up.get('load_start')} at the start, {up.get('load_end')} at the end (a shared 2-core VM: noisy).", ""]
     L += ["| command | T small s | T large s | throughput (large − small) | same, start-up excluded | start-up s | "

@@ -192,7 +192,7 @@ def _summary(runs: list[dict], checks: list[str], big: int, small: int) -> dict:
 
     def after_start(n):
         """Median of T − start-up: what the run took once its cluster was ready.  The start-up of
-        an embedded cluster varies by ±0.5 s between runs on a shared host, more than the 1 M
+        an embedded cluster varies by ±1 s between runs on a shared host, as much as the 1 M
         run's extra work; subtracting each run's own start-up takes that noise out."""
         xs = [r["seconds"] - r["timings"]["start"] for r in runs
               if r["tuples"] == n and r["timings"].get("start") is not None]
