@@ -464,7 +464,8 @@ class Chunker:
         """Validate a batch; return it as ``ts, level, attributes`` with the stream's Arrow types,
         and its distinct (canonical) levels."""
         rel = name in self._relations
-        what = f"relation {name}" if rel else f"stream {name}"
+        kind = "relation" if rel else "stream"
+        what = f"{kind} {name}"
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         elif not isinstance(table, pa.Table):
@@ -544,7 +545,7 @@ class Chunker:
             last = self._last_ts.get(name)
             if last is not None and tsn[0] < last:
                 raise ChunkingError(
-                    f"{what}: ts {int(tsn[0])} is before the stream's last ts {last}", "ts_decreasing"
+                    f"{what}: ts {int(tsn[0])} is before the {kind}'s last ts {last}", "ts_decreasing"
                 )
             if tsn[0] < self.closed_until:
                 raise ChunkingError(

@@ -150,6 +150,10 @@ def test_a_delete_of_a_row_that_is_not_live_refuses_its_batch(logistics):
     # a relation's input without op is refused too
     with pytest.raises(ChunkingError, match="missing columns op"):
         ch.push("Units", _table(logistics, "Units", [_u(2, "U", "a", "x", 1)]).drop_columns(["op"]))
+    # and input going back in time, named as the relation's
+    with pytest.raises(ChunkingError, match=r"^relation Units: ts 0 is before the relation's last ts 1$") as e:
+        ch.push("Units", _table(logistics, "Units", [_u(0, "U", "z", "zulu", 1, "insert")]))
+    assert e.value.reason == "ts_decreasing"
 
 
 def test_a_query_registered_later_reads_the_live_rows(logistics):

@@ -80,6 +80,10 @@ def _warm_table(stream, level: str, instants: list[int], per_instant: int, seed:
     return pa.table(cols)
 
 
+#: the instants of the warm-up's first round start here (round k at k times it)
+_BASE = 1000
+
+
 def _batch_table(stream, lv, base: int):
     """The first step's chunk: one legacy instant of 100 tuples, then three of 300."""
     return _seq(_warm_table(stream, lv, [base], 100, seed=base),
@@ -94,7 +98,7 @@ def prepare(config, level: str) -> dict | None:
         return None
     stream = config.streams[queries[0][1].items[0].stream]
     lv = config.lattice.parse(level)
-    return {"queries": queries, "stream": stream, "lv": lv, "first": _batch_table(stream, lv, 1000)}
+    return {"queries": queries, "stream": stream, "lv": lv, "first": _batch_table(stream, lv, _BASE)}
 
 
 def warm_up(engine, config, level: str, budget: float | None = None, rounds: int | None = None,
@@ -135,7 +139,7 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
         small = {f"w{k}": cq for k, (kind, cq) in enumerate(queries) if kind == "small"}
 
         def batch(base):
-            table = prepared["first"] if base == 1000 else _batch_table(stream, lv, base)
+            table = prepared["first"] if base == _BASE else _batch_table(stream, lv, base)
             chunks = [prune_query_chunk(cq, QueryChunk(qid, -1, [table] * len(cq.items), [base + 1, base + 2, base + 3],
                                                        prev_instant=base)) for qid, cq in small.items()]
             executor.run(small, chunks)
@@ -165,7 +169,7 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
         steps += [state(cq) for kind, cq in queries if kind == "state"]
         steps += [alone(q, cq) for q, cq in small.items()]
         while True:
-            base = 1000 * (done["rounds"] + 1)
+            base = _BASE * (done["rounds"] + 1)
             for step in steps:
                 step(base)
                 done["steps"] += 1
