@@ -80,10 +80,11 @@ def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: i
              "workers_ready": ready, "after_ready": round(total - start, 2), "process": timings.get("process"),
              "replay": round(total, 2)}
     staggered = len(ready) > 1 and (timings.get("start_split") or {}).get("all") is None
-    later = [f"ready after {r:.1f} s" if r is not None else "still starting at the end"
+    later = [f"ready after {r:.1f} s" if r is not None else "not ready by the end"
              for r in sorted(ready, key=lambda r: (r is None, r or 0.0))[1:]]
     print(f"[strata] demo took {total:.1f} s: cluster start-up {start:.1f} s"
-          + (f" (the master and the first worker; the others started after it: {', '.join(later)})" if staggered else "")
+          + (f" (the master and the first worker; on few cores a later worker starts only once the run has "
+             f"lasted as long as that start-up: {', '.join(later)})" if staggered else "")
           + f", then {total - start:.1f} s (results after {float(timings.get('process') or 0):.1f} s of processing)",
           file=sys.stderr)
     print("[strata] timings " + json.dumps(split), file=sys.stderr, flush=True)

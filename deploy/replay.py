@@ -87,14 +87,16 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
         how = embedded_start(workers)
         progress(f"starting an embedded cluster at level {level} with {workers} workers"
-                 + (" one after the other (few cores); the run begins when the first is ready" if how["stagger"] else "")
+                 + (" one after the other (few cores): the run begins when the first is ready, the others start "
+                    "only if it lasts as long as that start-up" if how["lazy"] else
+                    " one after the other (few cores); the run begins when the first is ready" if how["stagger"] else "")
                  + f" (user {user} has every role on it)")
         # pyarrow imports pandas the first time it builds an array (drop_above, instant_batches):
         # ~0.3 s that the run would pay after the cluster is ready; here it overlaps the start-up
         threading.Thread(target=_import_pandas, name="import-pandas", daemon=True).start()
         t1 = time.monotonic()
         started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user,
-                                tls_dir=tls_cache(), persist=False, **how)
+                                tls_dir=tls_cache(), persist=False, warm_queries=queries, **how)
         out_t["start"] = round(time.monotonic() - t1, 3)
         out_t["start_split"] = started.get("seconds")
         master, tls_dir = started["masters"][cfg.lattice.parse(level)], started["tls_dir"]

@@ -563,6 +563,8 @@ class MasterCore:
                 if advance_upto is not None:
                     top = int(checked.column("ts")[n - 1].as_py()) if n else None
                     self._check_horizon(advance_upto, top, prefix="advance refused: ")
+                if self.store is None:  # no event log (an embedded replay's master): nothing to encode
+                    return
                 events = []
                 if n:  # only what the shepherd let through reaches the disk
                     events.append(("ingest", {"stream": name} | ({"producer": producer, "seq": seq} if producer else {}),

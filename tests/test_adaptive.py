@@ -510,12 +510,23 @@ def test_embedded_clusters_honour_the_configured_load_reading():
 def test_embedded_workers_start_one_after_the_other_only_on_few_cores():
     from strata.deploy.local import embedded_start
 
-    staggered, together = {"wait": "first", "stagger": True}, {"wait": "all", "stagger": False}
+    staggered = {"wait": "first", "stagger": True, "lazy": True}
+    together = {"wait": "all", "stagger": False, "lazy": False}
     assert embedded_start(2, cores=2) == staggered  # two JVMs starting at once fight for 2 cores
     assert embedded_start(2, cores=3) == staggered
     assert embedded_start(2, cores=4) == together
     assert embedded_start(3, cores=8) == together
     assert embedded_start(1, cores=1) == together  # nothing to stagger
+
+
+def test_a_lazy_worker_starts_once_the_run_has_lasted_as_long_as_the_start_up_before_it():
+    from strata.worker.main import lazy_wait
+
+    # processes started at 100; the previous worker was ready at 109 (a 9 s start-up): start at 118
+    assert lazy_wait(109.0, 100.0, now=109.2) == pytest.approx(8.8)
+    assert lazy_wait(109.0, 100.0, now=118.0) == 0.0
+    assert lazy_wait(109.0, 100.0, now=130.0) == 0.0  # noticed late: at once
+    assert lazy_wait(99.0, 100.0, now=100.0) == 0.0  # a ready file older than this process: no wait
 
 
 def test_workers_ready_after_reads_the_ready_files(tmp_path):

@@ -473,3 +473,33 @@ def test_warm_up_runs_what_prepare_made_while_the_jvm_started(spark, battlefield
     assert done["steps"] == 1 and done["first_step"] is not None
     assert prepare(parse_config('[lattice]\nlevels = ["U"]\n[relations.R]\na = "double"\n'), "U") is None
     assert warm_up(Engine(spark, battlefield), battlefield, "S", budget=-1)["steps"] == 0
+
+
+def test_warm_up_runs_the_runs_own_queries_when_it_knows_them(spark, battlefield, monkeypatch):
+    """An embedded run passes the texts it will register (``strata worker --warm-queries``): the warm-up
+    then evaluates those shapes, each without an error, instead of the generic ones: the RANGE one
+    alone, the unbounded one alone, the others together.  A text that does not compile is left out
+    (its registration names the error)."""
+    from strata.worker import warmup
+
+    monkeypatch.setattr(warmup, "_OWN_RANGE_PER_INSTANT", 40)  # the shape, not the JIT, in a test
+    own = ["SELECT sid, AVG(bp) FROM Vitals [RANGE 10 SECONDS] GROUP BY sid",
+           "SELECT AVG(bp) FROM Vitals [ROWS 100]",
+           "SELECT V.sid, P.lat FROM Vitals [ROWS 10] V, Positions [ROWS 10] P WHERE V.sid = P.sid",
+           "SELECT sid, COUNT(*) FROM Vitals GROUP BY sid",
+           "SELECT nosuch FROM Vitals [ROWS 1]"]
+    prepared = warmup.prepare(battlefield, "S", own)
+    assert len(prepared["own"]) == 4
+    seen = []
+
+    class Recording(Engine):
+        def run(self, cq, chunk, isolate=True):
+            r = super().run(cq, chunk, isolate)
+            seen.append((chunk.query_id, r.error))
+            return r
+
+    done = warmup.warm_up(Recording(spark, battlefield), battlefield, "S", budget=float("inf"), rounds=1,
+                          prepared=prepared)
+    assert done["steps"] == 3 and done["rounds"] == 1  # together, the RANGE one, the unbounded one
+    assert {q for q, _ in seen} >= {"own0", "own3"} and not any(e for _, e in seen)
+    assert not any(q.startswith("w") for q, _ in seen)  # no generic shape

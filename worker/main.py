@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -28,9 +29,52 @@ def cmd_worker(args) -> int:
         deadline = time.monotonic() + 120
         while not Path(args.start_after).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        if args.start_lazily and Path(args.start_after).exists():
+            wait = lazy_wait(Path(args.start_after).stat().st_mtime, _started_at(), time.time())
+            if wait > 0:
+                print(f"[strata] starting in {wait:.1f} s if the run still goes on then (as long as the start-up "
+                      f"before this worker took)", file=sys.stderr, flush=True)
+                time.sleep(wait)  # a run that ends sooner stops this process meanwhile (SIGTERM)
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
-                 ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading)
+                 ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading,
+                 warm_queries=_warm_queries(args.warm_queries))
     exit_now(EXIT_OK)
+
+
+def lazy_wait(previous_ready: float, started: float, now: float) -> float:
+    """Seconds a lazily started worker still waits (``--start-lazily``): until as long after the
+    previous worker became ready (``previous_ready``) as that took from this process's start
+    (``started``; the cluster starts its processes together), i.e. until the run has lasted as long
+    as the start-up before it, the ski-rental rule: the run pays for a start-up only once it has
+    spent as much without one."""
+    return max(0.0, previous_ready + max(0.0, previous_ready - started) - now)
+
+
+def _started_at() -> float:
+    """When this process started (wall clock), else now."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - no psutil or no /proc: the wait counts from here
+        return time.time()
+
+
+def _warm_queries(path: str | None) -> list[str]:
+    """The query texts of ``--warm-queries`` (a JSON list; unreadable or malformed: none, logged)."""
+    if not path:
+        return []
+    import json
+    import logging
+
+    try:
+        texts = json.loads(Path(path).read_text())
+        if isinstance(texts, list) and all(isinstance(t, str) for t in texts):
+            return texts
+        raise ValueError("not a JSON list of strings")
+    except (OSError, ValueError) as e:
+        logging.getLogger("strata.worker").warning("--warm-queries %s not used: %s", path, e)
+        return []
 
 
 def add_parsers(sub) -> None:
@@ -39,6 +83,10 @@ def add_parsers(sub) -> None:
     w.add_argument("--listen", default="127.0.0.1:0")
     w.add_argument("--spark-master", default=os.environ.get("STRATA_SPARK_MASTER", "local[1]"))
     w.add_argument("--start-after", help=argparse.SUPPRESS)
+    w.add_argument("--start-lazily", action="store_true", help=argparse.SUPPRESS)
+    w.add_argument("--warm-queries", metavar="FILE",
+                   help="a JSON list of the query texts the run will register: the warm-up evaluates their "
+                        "shapes first, so the first real chunk is not their first (embedded runs write it)")
     w.add_argument("--load-reading", choices=["host", "process"], default=None,
                    help="the CPU reading Algorithm 5 compares with 90 %%: the host's CPUs (default, "
                         "[cluster] load_reading) or this worker's own processes (workers sharing a host)")

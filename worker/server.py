@@ -73,11 +73,13 @@ class WorkerServicer(rpc.WorkerServicer):
 
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
                  ready=None, stop_event: threading.Event | None = None, tls_dir=None,
-                 load_reading: str = "host") -> None:
+                 load_reading: str = "host", warm_queries: list[str] | tuple = ()) -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop_event``).
 
     ``load_reading``: the CPU reading its heartbeats carry for Algorithm 5
     (``host`` or ``process``, see :mod:`strata.worker.load`).
+    ``warm_queries``: texts of the queries the run will register, if known (an embedded run's):
+    the warm-up evaluates their shapes first (worker/warmup.py).
 
     With ``tls_dir`` the worker serves mutual TLS with its ``worker-<level>``
     certificate and answers only a ``master`` certificate of its own level;
@@ -106,7 +108,7 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     from .warmup import prepare, warm_up
 
     try:
-        prepared = prepare(config, level)
+        prepared = prepare(config, level, warm_queries)
     except Exception as e:  # noqa: BLE001 - never fatal: warm_up tries again and logs
         log.warning("warm-up preparation failed: %s", e)
         prepared = None

@@ -90,15 +90,98 @@ def _batch_table(stream, lv, base: int):
                 _warm_table(stream, lv, [base + 1, base + 2, base + 3], 300, seed=base + 1))
 
 
-def prepare(config, level: str) -> dict | None:
+def _own_queries(config, level: str, texts) -> list:
+    """The compiled ``texts`` (the queries a run will register, when it knows them: ``strata worker
+    --warm-query``) that the warm-up can evaluate: windows over streams only (a text that does not
+    compile, or reads a stored relation, is left out: the user's registration names its error)."""
+    from strata.mlscql import compile_query
+
+    out = []
+    for text in texts or ():
+        try:
+            cq = compile_query(text, config, level)
+        except Exception:  # noqa: BLE001 - refused at registration, with its own message
+            continue
+        if all(not config.streams[it.stream].relation for it in cq.items):
+            out.append(cq)
+    return out
+
+
+def prepare(config, level: str, own: list[str] | tuple = ()) -> dict | None:
     """The warm-up's Python side (compiling its queries, the first step's table), which needs no
-    Spark: a worker does it while its JVM starts (worker/server.py).  None: nothing to warm."""
+    Spark: a worker does it while its JVM starts (worker/server.py).  ``own``: the texts of the
+    queries the run will register, if known (their shapes are warmed first).  None: nothing to warm."""
     queries = _warm_queries(config, level)
-    if not queries:
+    mine = _own_queries(config, level, own)
+    if not queries and not mine:
         return None
-    stream = config.streams[queries[0][1].items[0].stream]
     lv = config.lattice.parse(level)
-    return {"queries": queries, "stream": stream, "lv": lv, "first": _batch_table(stream, lv, _BASE)}
+    stream = config.streams[queries[0][1].items[0].stream] if queries else None
+    return {"queries": queries, "stream": stream, "lv": lv, "own": mine,
+            "first": _batch_table(stream, lv, _BASE) if queries else None}
+
+
+#: tuples per instant of the warm-up's chunk for a run's own RANGE query (34 instants: 204 k rows).  The
+#: JIT compiles a large unit's hot loops only after enough rows: after a 34 k-row step the first 1.18 M-row
+#: unit of a 1 M replay took 2.0-2.3 s, after this one 1.3-1.4 s (the second and later 1.2-1.6 s), for
+#: no longer a warm-up (4.4-4.5 s against the default's 4.5-5.0 s: bench/NOTES.md)
+_OWN_RANGE_PER_INSTANT = 6000
+
+
+def _own_steps(engine, executor, config, own: list, lv) -> list:
+    """Warm-up steps for the run's own queries, in the shapes their chunks take: those with RANGE
+    windows one at a time (25 evaluated instants after 9 legacy ones: the code-generating session and
+    the pre-aggregation, at a size the JIT compiles), those with unbounded windows one at a time (5
+    instants, a running state), the others together through the shared executor as real chunks go
+    (one legacy instant, three new)."""
+    from strata.chunking.model import QueryChunk
+    from strata.chunking.prune import prune_query_chunk
+
+    def kinds(cq):
+        return {f.window.kind for f in cq.query.from_}
+
+    def tables(cq, ins, per, seed):
+        return [_warm_table(config.streams[it.stream], lv, ins, per, seed=seed + j) for j, it in enumerate(cq.items)]
+
+    def alone(k, cq, kind):
+        def step(base):
+            if kind == "range":
+                ins, evals, prev = list(range(base + 300, base + 334)), list(range(base + 309, base + 334)), base + 308
+                items = tables(cq, ins, _OWN_RANGE_PER_INSTANT, base + 10 + 7 * k)
+            else:
+                ins = evals = list(range(base + 400, base + 405))
+                prev, items = None, tables(cq, ins, 200, base + 10 + 7 * k)
+            engine.run(cq, QueryChunk(f"own{k}", -1, items, evals, prev_instant=prev))
+        return step
+
+    together = {f"own{k}": cq for k, cq in enumerate(own) if not kinds(cq) & {"range", "unbounded"}}
+
+    def batch(base):
+        made = {}
+        for cq in together.values():
+            for it in cq.items:
+                if it.stream not in made:
+                    made[it.stream] = _batch_table(config.streams[it.stream], lv, base + 500)
+        chunks = [prune_query_chunk(cq, QueryChunk(qid, -1, [made[it.stream] for it in cq.items],
+                                                   [base + 501, base + 502, base + 503], prev_instant=base + 500))
+                  for qid, cq in together.items()]
+        executor.run(together, chunks)
+
+    steps = [batch] if together else []
+    steps += [alone(k, cq, "range") for k, cq in enumerate(own) if "range" in kinds(cq)]
+    steps += [alone(k, cq, "state") for k, cq in enumerate(own) if "unbounded" in kinds(cq) and "range" not in kinds(cq)]
+    return [_tolerant(s) for s in steps]
+
+
+def _tolerant(step):
+    """``step``, whose failure (a query of the run's that the engine refuses) is logged and ends only
+    itself: the other steps still warm the session."""
+    def run(base):
+        try:
+            step(base)
+        except Exception as e:  # noqa: BLE001 - the real chunk reports the query's own error
+            log.warning("warm-up step for the run's queries failed: %s", e)
+    return run
 
 
 def warm_up(engine, config, level: str, budget: float | None = None, rounds: int | None = None,
@@ -108,7 +191,9 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
     (``createDataFrame`` from Arrow, the statement shapes of ROWS/RANGE/aggregate/join/state
     queries, shared plans and several queries in one statement, ``toArrow``).
 
-    Steps, in order of how much they buy: the small queries' chunk of three instants through
+    Steps, in order of how much they buy: a chunk of each of the run's own queries when the worker
+    knows them (``prepare(own=...)``, ``strata worker --warm-queries``: an embedded run's), then the
+    small queries' chunk of three instants through
     the shared executor (the JVM's first statement pays most of the cold cost), a RANGE chunk of
     25 instants (code generation, pre-aggregation), a running state, each small query alone on
     one instant; then again on other instants.  Every shape comes before any repeat.  The first
@@ -136,6 +221,7 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
             return done
         queries, stream, lv = prepared["queries"], prepared["stream"], prepared["lv"]
         executor = SharedExecutor(engine, config, enabled=True)
+        own = _own_steps(engine, executor, config, prepared.get("own") or [], lv)
         small = {f"w{k}": cq for k, (kind, cq) in enumerate(queries) if kind == "small"}
 
         def batch(base):
@@ -168,6 +254,8 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
         steps = ([batch] if small else []) + [ranged(cq) for kind, cq in queries if kind == "range"]
         steps += [state(cq) for kind, cq in queries if kind == "state"]
         steps += [alone(q, cq) for q, cq in small.items()]
+        if own:  # the run's own shapes are the ones its chunks take: the generic ones would only delay ready
+            steps = own
         while True:
             base = _BASE * (done["rounds"] + 1)
             for step in steps:
