@@ -316,8 +316,9 @@ def _headlines(res: dict) -> list[str]:
         staggered = any(len(r.get("timings", {}).get("workers_ready") or []) > 1 and
                         None in r["timings"]["workers_ready"] for r in demo.get("runs", []))
         L.append(f"* `./dev run`: **{_fmt(demo['seconds'], 1)} s** in all, {_fmt(demo.get('start'), 1)} s cluster "
-                 f"start-up" + (" (ready to serve: the master and the first worker; the second starts after it, "
-                                "deploy/local.py `embedded_start`)" if staggered else "")
+                 f"start-up" + (" (ready to serve: the master and the first worker; on this host the second starts "
+                                "only once the run has lasted as long as that start-up, deploy/local.py "
+                                "`embedded_start`)" if staggered else "")
                  + f", {_fmt(demo.get('after_ready'), 1)} s after ready ({_fmt(demo.get('process'), 1)} s "
                  f"of it processing) (targets ≤ 20 / ≤ 15 / ≤ 5 s: {'met' if ok else 'not met'}).")
     lat = res.get("latency")
@@ -389,7 +390,8 @@ def _userpath_section(up: dict) -> list[str]:
         elif firsts:
             seconds = [r[0] for r in later if r and r[0] is not None]
             L += [f"Embedded cluster start-up (master and 2 Spark workers, started one after the other on this "
-                  f"{up.get('cpus')}-core host, deploy/local.py `embedded_start`): the run began when the master "
+                  f"{up.get('cpus')}-core host, the second only once the run has lasted as long as the first "
+                  f"start-up, deploy/local.py `embedded_start`): the run began when the master "
                   f"and the first worker were ready, after {_fmt(_median(firsts), 1)} s (median); the second worker "
                   + (f"was ready after {_fmt(_median(seconds), 1)} s (median of the {len(seconds)} runs it was "
                      f"ready in before the run ended), " if seconds else "")

@@ -48,7 +48,15 @@ def embedded_start(workers: int, cores: int | None = None) -> dict:
     never has a JVM starting beside it (on 2 cores a second JVM starting during a 1 M-tuple RANGE
     replay made its processing 4.0 s instead of 2.8-2.9 s), a longer one gets its workers, which
     join the group (and get chunks) when ready.  With enough cores they start together and the
-    run waits for all of them.  Measured: bench/NOTES.md."""
+    run waits for all of them.  Measured: bench/NOTES.md.
+
+    ``STRATA_WORKERS_START`` overrides the choice: ``together`` (every worker from the start, the run
+    waits for all: a run known to be long), ``staggered`` (one after the other, none lazily)."""
+    forced = os.environ.get("STRATA_WORKERS_START", "").strip().lower()
+    if forced == "together":
+        return {"wait": "all", "stagger": False, "lazy": False}
+    if forced == "staggered":
+        return {"wait": "first", "stagger": True, "lazy": False}
     cores = _cores() if cores is None else cores
     if workers > 1 and cores < 2 * workers:
         return {"wait": "first", "stagger": True, "lazy": True}

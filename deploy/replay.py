@@ -213,7 +213,9 @@ def add_parsers(sub) -> None:
     r.add_argument("--input", action="append", required=True, help="STREAM=FILE.csv")
     r.add_argument("--output", required=True)
     r.add_argument("--workers", type=int, default=default_workers(),
-                   help="workers of the embedded cluster (default: one per core, at most 2)")
+                   help="workers of the embedded cluster (default: one per core, at most 2; with fewer than two "
+                        "cores per worker a later one starts only once the run has lasted as long as the start-up "
+                        "before it, STRATA_WORKERS_START=together: all from the start)")
     r.add_argument("--chunk-seconds", type=float, default=1.0)
     r.add_argument("--master", help="replay into this running master (its input is finished afterwards)")
     r.add_argument("--cluster", metavar="STATE_DIR",

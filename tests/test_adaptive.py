@@ -507,9 +507,10 @@ def test_embedded_clusters_honour_the_configured_load_reading():
     assert embedded_load_reading(parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "host"\n')) == "host"
 
 
-def test_embedded_workers_start_one_after_the_other_only_on_few_cores():
+def test_embedded_workers_start_one_after_the_other_only_on_few_cores(monkeypatch):
     from strata.deploy.local import embedded_start
 
+    monkeypatch.delenv("STRATA_WORKERS_START", raising=False)
     staggered = {"wait": "first", "stagger": True, "lazy": True}
     together = {"wait": "all", "stagger": False, "lazy": False}
     assert embedded_start(2, cores=2) == staggered  # two JVMs starting at once fight for 2 cores
@@ -517,6 +518,17 @@ def test_embedded_workers_start_one_after_the_other_only_on_few_cores():
     assert embedded_start(2, cores=4) == together
     assert embedded_start(3, cores=8) == together
     assert embedded_start(1, cores=1) == together  # nothing to stagger
+
+
+def test_the_embedded_start_can_be_chosen(monkeypatch):
+    from strata.deploy.local import embedded_start
+
+    monkeypatch.setenv("STRATA_WORKERS_START", "together")
+    assert embedded_start(2, cores=2) == {"wait": "all", "stagger": False, "lazy": False}
+    monkeypatch.setenv("STRATA_WORKERS_START", "staggered")
+    assert embedded_start(2, cores=2) == {"wait": "first", "stagger": True, "lazy": False}
+    monkeypatch.setenv("STRATA_WORKERS_START", "")
+    assert embedded_start(2, cores=2)["lazy"]
 
 
 def test_a_lazy_worker_starts_once_the_run_has_lasted_as_long_as_the_start_up_before_it():

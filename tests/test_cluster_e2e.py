@@ -350,7 +350,8 @@ def test_replay_equals_reference(tmp_path, workers, chunk):
         streams[name] = [dict(zip(header, r)) for r in rows]
     for q, _ in queries:
         args += ["--query", q]
-    r = strata(*args)
+    # every worker from the start: on a small machine later ones would start only in a long run
+    r = strata(*args, env_extra={"STRATA_WORKERS_START": "together"})
     assert r.returncode == 0, r.stderr[-3000:]
     for i, (q, types) in enumerate(queries, 1):
         got = read_out(tmp_path / "out" / f"q{i}.csv", types)
@@ -419,3 +420,27 @@ def test_chinese_wall_audit_queries(tmp_path):
             compare_results(got, evaluate(q, cfg, level, streams))
             seen_levels.update(r[1] for r in got)
     assert "[1,B]" in seen_levels and "[⊥,T]" in seen_levels
+
+
+def test_a_lazy_worker_joins_once_the_run_has_lasted_as_long_as_the_first_start_up(tmp_path):
+    """``embedded_start`` on few cores: the second worker starts only after as long again as the first
+    took to be ready (``strata worker --start-lazily``), then joins the group; a run that ends sooner
+    (stop_cluster) never pays for its JVM."""
+    from strata.deploy.local import workers_ready_after
+
+    cfg = write_config(tmp_path, BATTLEFIELD_TOML, {"sam": "S"})
+    state = tmp_path / "state"
+    started = start_cluster(str(cfg), ["S"], 2, state, wait="first", stagger=True, lazy=True)
+    try:
+        first = started["seconds"]["first"]
+        assert started["seconds"]["all"] is None
+        deadline = time.monotonic() + 180
+        while workers_ready_after(started)[1] is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ready = workers_ready_after(started)
+        assert ready[1] is not None, (state / "logs" / "worker-S-1.log").read_text()[-2000:]
+        assert ready[1] >= 2 * ready[0] - 0.5  # waited as long again, then started (and its start-up took time)
+        assert "if the run still goes on" in (state / "logs" / "worker-S-1.log").read_text()
+        assert first is not None
+    finally:
+        stop_cluster(state)
