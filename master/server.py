@@ -35,7 +35,7 @@ from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import AuthError
 from strata.serving import MAX_MESSAGE, run_until_stopped
-from strata.groups import execute_digest
+from strata.groups import execute_digest, execute_wire
 
 from .core import MAX_INGEST_BYTES, MAX_INGEST_ROWS, MAX_PRODUCER_ID, BatchOutcome, MasterCore, NotYours, Refused, \
     ResultsGone
@@ -709,6 +709,7 @@ class DispatchLoop:
         self.rpc_deadline = rpc_deadline
         self.tls_dir = tls_dir
         self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._raw_execute: dict[str, object] = {}  # worker -> Execute taking serialized requests
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
 
@@ -732,7 +733,15 @@ class DispatchLoop:
             else:
                 ch = grpc.insecure_channel(sid, opts)
             self._stubs[sid] = rpc.WorkerStub(ch)
+            # Execute with the request already serialized (execute_wire): a unit's tens of MB are
+            # copied once, not into a message, its serialization and out again for the digest
+            self._raw_execute[sid] = ch.unary_unary("/strata.rpc.Worker/Execute",
+                                                    response_deserializer=pb.ExecuteReply.FromString)
         return self._stubs[sid]
+
+    def _execute(self, sid: str):
+        self._stub(sid)
+        return self._raw_execute[sid]
 
     def _sync_group(self) -> None:
         """Feed Algorithm 5 the heartbeats of the workers listed by the group member.
@@ -800,11 +809,11 @@ class DispatchLoop:
     def _send(self, chunk, sid: str) -> None:
         specs = [pb.QuerySpec(query_id=qc.query_id, text=self.core.queries[qc.query_id].text, level=self.core.level)
                  for qc in chunk.queries if qc.query_id in self.core.queries]
-        req = pb.ExecuteRequest(level=self.core.level, queries=specs, chunk=encode_chunk(self._wire(chunk)))
-        md = ((AUTH_HEADER, sign_request(self.key, self.core.level, execute_digest(req))),)
+        head, body = pb.ExecuteRequest(level=self.core.level, queries=specs), encode_chunk(self._wire(chunk))
+        md = ((AUTH_HEADER, sign_request(self.key, self.core.level, execute_digest(head, body))),)
         # a merged unit computes several chunks: it gets more time before it counts as failed
         timeout = self.rpc_deadline * self.core.deadline_factor(chunk.chunk_id)
-        fut = self._stub(sid).Execute.future(req, timeout=timeout, metadata=md)
+        fut = self._execute(sid).future(execute_wire(head, body), timeout=timeout, metadata=md)
         cid = chunk.chunk_id
         span = (chunk.first_ts, chunk.last_ts)  # which cut chunks this unit covers, whatever happens meanwhile
 

@@ -7,6 +7,8 @@ import socket
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strata.groups.membership import GroupMember, GroupSpec, GroupTable, Heartbeat, encode_heartbeat
 from strata.serving import free_udp_port
@@ -83,3 +85,23 @@ def test_table_replay_and_expiry_logic():
     assert t.expire(now=3.5) == ["a:1"]
     assert t.receive(data, now=4.0) is None  # expired from the table, still a replay
     assert t.rejected["replay"] == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.sampled_from([1, 127, 128, 300, 16383, 16384, 2_100_000]), queries=st.integers(0, 3),
+       level=st.sampled_from(["U", "TS", "[A,B]"]))
+def test_execute_wire_is_the_serialized_request_and_the_digest_needs_no_copy(size, queries, level):
+    """The master sends Execute requests serialized by hand (master/server.py ``_send``): the bytes
+    are exactly the message's own serialization, the worker parses them into the same request, and
+    the digest over the chunk bytes given apart equals the digest over the parsed request."""
+    from strata.groups import execute_digest, execute_wire
+    from strata.rpc import strata_pb2 as pb
+
+    chunk = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    specs = [pb.QuerySpec(query_id=f"q{i}", text=f"SELECT {i}", level=level) for i in range(queries)]
+    head = pb.ExecuteRequest(level=level, queries=specs)
+    wire = execute_wire(head, chunk)
+    whole = pb.ExecuteRequest(level=level, queries=specs, chunk=chunk)
+    assert wire == whole.SerializeToString()
+    assert pb.ExecuteRequest.FromString(wire) == whole
+    assert execute_digest(head, chunk) == execute_digest(whole) == execute_digest(pb.ExecuteRequest.FromString(wire))

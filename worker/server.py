@@ -36,11 +36,12 @@ class WorkerServicer(rpc.WorkerServicer):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "request not signed with this level's group key")
 
     def Execute(self, request, context):
-        self._auth(context, request.level, execute_digest(request))
+        chunk = request.chunk  # once: every read of a bytes field copies it (a unit: tens of MB)
+        self._auth(context, request.level, execute_digest(request, chunk))
         specs = [QuerySpecData(q.query_id, q.text, q.level) for q in request.queries]
         try:
             t0 = time.perf_counter()
-            results = self.core.execute(request.level, specs, request.chunk)
+            results = self.core.execute(request.level, specs, chunk)
             return pb.ExecuteReply(results=results, seconds=time.perf_counter() - t0)
         except WorkerRefused as e:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))

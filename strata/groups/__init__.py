@@ -34,7 +34,7 @@ from pathlib import Path
 
 from strata.config import Config, ConfigError
 
-__all__ = ["group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER",
+__all__ = ["execute_wire", "group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER",
            "derive_key", "KEY_PURPOSES", "execute_digest"]
 
 AUTH_HEADER = "x-strata-group-auth"
@@ -172,13 +172,28 @@ def verify_request(key: bytes, level: str, payload_digest: bytes, header: str | 
     return hmac.compare_digest(want, mac)
 
 
-def execute_digest(req) -> bytes:
+def execute_digest(req, chunk: bytes | None = None) -> bytes:
     """What the group MAC of an Execute call (a ``pb.ExecuteRequest``) covers: level, queries and
-    chunk bytes.  The master signs it (:func:`sign_request`), the worker checks it."""
+    chunk bytes.  The master signs it (:func:`sign_request`), the worker checks it.  ``chunk``: the
+    request's chunk bytes when the caller has them already (reading ``req.chunk`` copies them: ~45 ms
+    for a 44 MB unit); ``req`` then needs only ``level`` and ``queries``."""
     h = hashlib.sha256()
     h.update(req.level.encode())
     for q in req.queries:
         h.update(b"\x00" + q.query_id.encode() + b"\x00" + q.level.encode() + b"\x00" + q.text.encode())
     h.update(b"\x01")
-    h.update(req.chunk)
+    h.update(req.chunk if chunk is None else chunk)
     return h.digest()
+
+
+def execute_wire(head, chunk: bytes) -> bytes:
+    """The serialized ``pb.ExecuteRequest`` of ``head`` (its level and queries, no chunk) with ``chunk``
+    as its field 3, the bytes ``SerializeToString`` gives for the whole message (a non-empty chunk), built with one copy of
+    the chunk instead of three (into the message, into its serialization, out for the digest)."""
+    n, length = len(chunk), bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        length.append(low | (0x80 if n else 0))
+        if not n:
+            break
+    return b"".join([head.SerializeToString(), b"\x1a", bytes(length), chunk])
