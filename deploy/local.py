@@ -126,8 +126,10 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             create_deployment(tls_path, missing)
     warm_file = None
     if warm_queries:
-        warm_file = state_dir / "run" / "warm-queries.json"
-        warm_file.write_text(json.dumps(list(warm_queries)))
+        warm_file = state_dir / "run" / "warm-queries.json"  # the user's query texts: this user only
+        warm_file.unlink(missing_ok=True)
+        with os.fdopen(os.open(warm_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(json.dumps(list(warm_queries)))
     procs = []
     base = [sys.executable, "-m", "strata"]
     for lv in levels:

@@ -430,8 +430,11 @@ def test_a_lazy_worker_joins_once_the_run_has_lasted_as_long_as_the_first_start_
 
     cfg = write_config(tmp_path, BATTLEFIELD_TOML, {"sam": "S"})
     state = tmp_path / "state"
-    started = start_cluster(str(cfg), ["S"], 2, state, wait="first", stagger=True, lazy=True)
+    started = start_cluster(str(cfg), ["S"], 2, state, wait="first", stagger=True, lazy=True,
+                            warm_queries=["SELECT AVG(bp) FROM Vitals [ROWS 100]"])
     try:
+        # the run's query texts for the warm-up: readable by this user only
+        assert (state / "run" / "warm-queries.json").stat().st_mode & 0o777 == 0o600
         first = started["seconds"]["first"]
         assert started["seconds"]["all"] is None
         deadline = time.monotonic() + 180

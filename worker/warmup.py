@@ -92,7 +92,7 @@ def _batch_table(stream, lv, base: int):
 
 def _own_queries(config, level: str, texts) -> list:
     """The compiled ``texts`` (the queries a run will register, when it knows them: ``strata worker
-    --warm-query``) that the warm-up can evaluate: windows over streams only (a text that does not
+    --warm-queries``) that the warm-up can evaluate: windows over streams only (a text that does not
     compile, or reads a stored relation, is left out: the user's registration names its error)."""
     from strata.mlscql import compile_query
 
@@ -180,7 +180,9 @@ def _tolerant(step):
         try:
             step(base)
         except Exception as e:  # noqa: BLE001 - the real chunk reports the query's own error
-            log.warning("warm-up step for the run's queries failed: %s", e)
+            from .engine import describe_error
+
+            log.warning("warm-up step for the run's queries failed: %s", describe_error(e))
     return run
 
 
@@ -191,9 +193,10 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
     (``createDataFrame`` from Arrow, the statement shapes of ROWS/RANGE/aggregate/join/state
     queries, shared plans and several queries in one statement, ``toArrow``).
 
-    Steps, in order of how much they buy: a chunk of each of the run's own queries when the worker
-    knows them (``prepare(own=...)``, ``strata worker --warm-queries``: an embedded run's), then the
-    small queries' chunk of three instants through
+    When the worker knows the queries the run will register (``prepare(own=...)``, ``strata worker
+    --warm-queries``: an embedded run's), the steps are chunks of those shapes only
+    (:func:`_own_steps`).  Otherwise, in order of how much they buy: the small queries' chunk of
+    three instants through
     the shared executor (the JVM's first statement pays most of the cold cost), a RANGE chunk of
     25 instants (code generation, pre-aggregation), a running state, each small query alone on
     one instant; then again on other instants.  Every shape comes before any repeat.  The first
