@@ -44,19 +44,11 @@ def _last_per_instant(t: pa.Table, n: int) -> pa.Table:
         return t.slice(0, 0)
     ts = t.column("ts").to_numpy()
     ends = np.append(np.flatnonzero(ts[1:] != ts[:-1]) + 1, len(ts))  # one past each instant's last row
-    starts = np.maximum(np.concatenate(([0], ends[:-1])), ends - n)
-    if (ends - starts).sum() == len(ts):
+    begins = np.concatenate(([0], ends[:-1]))
+    keep = np.arange(len(ts)) >= np.repeat(np.maximum(begins, ends - n), ends - begins)  # its last n rows
+    if keep.all():
         return t
-    if len(ends) <= _SLICES:  # few instants (a backlog of 20 k-tuple instants): zero-copy slices
-        return pa.concat_tables([t.slice(int(a), int(b - a)) for a, b in zip(starts, ends)]).combine_chunks()
-    keep = np.zeros(len(ts), dtype=np.int8)
-    np.add.at(keep, starts, 1)
-    np.add.at(keep, ends[ends < len(ts)], -1)
-    return t.filter(pa.array(np.cumsum(keep, dtype=np.int64) > 0))
-
-
-#: up to this many instants :func:`_last_per_instant` keeps each one's tail as a slice
-_SLICES = 256
+    return t.filter(pa.array(keep))
 
 
 def _prune_item(table: pa.Table, window, first: int) -> pa.Table:

@@ -98,8 +98,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     ready (two JVMs starting at once on few cores slow each other down); with ``lazy`` as well,
     only after as long again as the previous one took (``strata worker --start-lazily``).
     ``warm_queries``: texts of the queries the run will register (``strata replay``, the demo): the
-    workers' warm-up evaluates their shapes first (``strata worker --warm-queries``, a file in
-    ``state_dir``, which only this user can read).
+    workers' warm-up evaluates their shapes instead of generic ones (``strata worker
+    --warm-queries``, a file in ``state_dir``, which only this user can read).
     The returned dict has ``seconds``: {``first``: first worker ready, ``all``: every process
     ready (or None if not waited for)}.
     """

@@ -572,8 +572,7 @@ class MasterCore:
                 if advance_upto is not None:
                     events.append(("advance", {"upto": advance_upto, "finish": False}, None))
                 self._log(events, producer, seq)
-                if self.store is not None:
-                    self._logged_rows += n
+                self._logged_rows += n
 
             accepted = 0
             if kept is not None:

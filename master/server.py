@@ -708,8 +708,7 @@ class DispatchLoop:
         self.member = member
         self.rpc_deadline = rpc_deadline
         self.tls_dir = tls_dir
-        self._stubs: dict[str, rpc.WorkerStub] = {}
-        self._raw_execute: dict[str, object] = {}  # worker -> Execute taking serialized requests
+        self._executes: dict[str, object] = {}  # worker -> its Execute (serialized requests)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
 
@@ -723,8 +722,10 @@ class DispatchLoop:
             self.core.cond.notify_all()
         self._thread.join(timeout=5)
 
-    def _stub(self, sid: str) -> rpc.WorkerStub:
-        if sid not in self._stubs:
+    def _execute(self, sid: str):
+        """The worker's Execute taking an already serialized request (:func:`execute_wire`): a unit's
+        tens of MB are copied once, not into a message, its serialization and out for the digest."""
+        if sid not in self._executes:
             opts = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
             if self.tls_dir is not None:  # the worker must prove it is a worker of this level
                 from strata.tls import secure_channel
@@ -732,16 +733,9 @@ class DispatchLoop:
                 ch = secure_channel(sid, self.tls_dir, "master", self.core.level, "worker", opts)
             else:
                 ch = grpc.insecure_channel(sid, opts)
-            self._stubs[sid] = rpc.WorkerStub(ch)
-            # Execute with the request already serialized (execute_wire): a unit's tens of MB are
-            # copied once, not into a message, its serialization and out again for the digest
-            self._raw_execute[sid] = ch.unary_unary("/strata.rpc.Worker/Execute",
-                                                    response_deserializer=pb.ExecuteReply.FromString)
-        return self._stubs[sid]
-
-    def _execute(self, sid: str):
-        self._stub(sid)
-        return self._raw_execute[sid]
+            self._executes[sid] = ch.unary_unary("/strata.rpc.Worker/Execute",
+                                                 response_deserializer=pb.ExecuteReply.FromString)
+        return self._executes[sid]
 
     def _sync_group(self) -> None:
         """Feed Algorithm 5 the heartbeats of the workers listed by the group member.

@@ -1,5 +1,5 @@
 """``chunking.prune._last_per_instant`` against its definition: a row stays when fewer than ``n`` rows of
-its ``ts`` come after it (both of its forms: slices for few instants, a mask for many)."""
+its ``ts`` come after it."""
 
 import numpy as np
 import pyarrow as pa
@@ -14,15 +14,10 @@ def _definition(ts: list[int], n: int) -> list[int]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(counts=st.lists(st.integers(0, 12), max_size=40), n=st.integers(0, 6), slices=st.sampled_from([0, 256]))
-def test_last_per_instant_keeps_the_last_n_rows_of_each_ts(counts, n, slices):
+@given(counts=st.lists(st.integers(0, 12), max_size=40), n=st.integers(0, 6))
+def test_last_per_instant_keeps_the_last_n_rows_of_each_ts(counts, n):
     ts = np.repeat(np.arange(len(counts), dtype=np.int64) * 3, counts)
     t = pa.table({"ts": ts, "row": np.arange(len(ts), dtype=np.int64)})
-    old = P._SLICES
-    P._SLICES = slices  # 0: always the mask
-    try:
-        got = P._last_per_instant(t, n)
-    finally:
-        P._SLICES = old
+    got = P._last_per_instant(t, n)
     assert got.schema == t.schema
     assert got.column("row").to_pylist() == _definition(ts.tolist(), n)

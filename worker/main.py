@@ -37,7 +37,7 @@ def cmd_worker(args) -> int:
                 time.sleep(wait)  # a run that ends sooner stops this process meanwhile (SIGTERM)
     serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
                  ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading,
-                 warm_queries=_warm_queries(args.warm_queries))
+                 warm_queries=_read_warm_queries(args.warm_queries))
     exit_now(EXIT_OK)
 
 
@@ -60,7 +60,7 @@ def _started_at() -> float:
         return time.time()
 
 
-def _warm_queries(path: str | None) -> list[str]:
+def _read_warm_queries(path: str | None) -> list[str]:
     """The query texts of ``--warm-queries`` (a JSON list; unreadable or malformed: none, logged)."""
     if not path:
         return []
@@ -86,7 +86,8 @@ def add_parsers(sub) -> None:
     w.add_argument("--start-lazily", action="store_true", help=argparse.SUPPRESS)
     w.add_argument("--warm-queries", metavar="FILE",
                    help="a JSON list of the query texts the run will register: the warm-up evaluates their "
-                        "shapes first, so the first real chunk is not their first (embedded runs write it)")
+                        "shapes instead of generic ones, so the first real chunk is not their first (embedded runs "
+                        "write it)")
     w.add_argument("--load-reading", choices=["host", "process"], default=None,
                    help="the CPU reading Algorithm 5 compares with 90 %%: the host's CPUs (default, "
                         "[cluster] load_reading) or this worker's own processes (workers sharing a host)")

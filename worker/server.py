@@ -80,7 +80,7 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     ``load_reading``: the CPU reading its heartbeats carry for Algorithm 5
     (``host`` or ``process``, see :mod:`strata.worker.load`).
     ``warm_queries``: texts of the queries the run will register, if known (an embedded run's):
-    the warm-up evaluates their shapes first (worker/warmup.py).
+    the warm-up evaluates their shapes instead of generic ones (worker/warmup.py).
 
     With ``tls_dir`` the worker serves mutual TLS with its ``worker-<level>``
     certificate and answers only a ``master`` certificate of its own level;

@@ -110,15 +110,16 @@ def _own_queries(config, level: str, texts) -> list:
 def prepare(config, level: str, own: list[str] | tuple = ()) -> dict | None:
     """The warm-up's Python side (compiling its queries, the first step's table), which needs no
     Spark: a worker does it while its JVM starts (worker/server.py).  ``own``: the texts of the
-    queries the run will register, if known (their shapes are warmed first).  None: nothing to warm."""
-    queries = _warm_queries(config, level)
-    mine = _own_queries(config, level, own)
-    if not queries and not mine:
-        return None
+    queries the run will register, if known (then only their shapes are warmed).  None: nothing to warm."""
     lv = config.lattice.parse(level)
-    stream = config.streams[queries[0][1].items[0].stream] if queries else None
-    return {"queries": queries, "stream": stream, "lv": lv, "own": mine,
-            "first": _batch_table(stream, lv, _BASE) if queries else None}
+    mine = _own_queries(config, level, own)
+    if mine:  # only their shapes are warmed (warm_up): no generic query to compile, no table to build
+        return {"queries": [], "stream": None, "lv": lv, "own": mine, "first": None}
+    queries = _warm_queries(config, level)
+    if not queries:
+        return None
+    stream = config.streams[queries[0][1].items[0].stream]
+    return {"queries": queries, "stream": stream, "lv": lv, "own": [], "first": _batch_table(stream, lv, _BASE)}
 
 
 #: tuples per instant of the warm-up's chunk for a run's own RANGE query (34 instants: 204 k rows).  The
@@ -224,7 +225,7 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
             return done
         queries, stream, lv = prepared["queries"], prepared["stream"], prepared["lv"]
         executor = SharedExecutor(engine, config, enabled=True)
-        own = _own_steps(engine, executor, config, prepared.get("own") or [], lv)
+        own = _own_steps(engine, executor, config, prepared["own"], lv)
         small = {f"w{k}": cq for k, (kind, cq) in enumerate(queries) if kind == "small"}
 
         def batch(base):
@@ -254,11 +255,10 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
                 engine.run(cq, QueryChunk("state", -1, [t], list(range(base + 200, base + 205))))
             return step
 
-        steps = ([batch] if small else []) + [ranged(cq) for kind, cq in queries if kind == "range"]
+        # the run's own shapes when known (then prepare made no generic query), else the generic ones
+        steps = own + ([batch] if small else []) + [ranged(cq) for kind, cq in queries if kind == "range"]
         steps += [state(cq) for kind, cq in queries if kind == "state"]
         steps += [alone(q, cq) for q, cq in small.items()]
-        if own:  # the run's own shapes are the ones its chunks take: the generic ones would only delay ready
-            steps = own
         while True:
             base = _BASE * (done["rounds"] + 1)
             for step in steps:
