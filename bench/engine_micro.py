@@ -16,7 +16,7 @@ The ``long-*`` queries use 64-bit arithmetic and SUM/AVG of longs (``ts``), whos
 overflow checks (SEMANTICS §8) are the only per-row cost queries over doubles do
 not pay.
 
-Other modes (each prints markdown tables; the figures in ``docs/benchmarks/engine.md``):
+Other modes (each prints markdown tables; the figures in ``docs/benchmarks/engine_micro.md``):
 
     .venv/bin/python bench/engine_micro.py --ab            # interleaved A/B in one process (engine choices)
     .venv/bin/python bench/engine_micro.py --jvm           # JVM options, a fresh process per run
@@ -329,7 +329,7 @@ JVM_VARIANTS = {
     "AppCDS archive": {"STRATA_JAVA_OPTS": ""},
     "C1 only (-XX:TieredStopAtLevel=1)": {"STRATA_JAVA_OPTS": "-XX:TieredStopAtLevel=1", "STRATA_CDS": "0"},
     "C1 only + AppCDS": {"STRATA_JAVA_OPTS": "-XX:TieredStopAtLevel=1"},
-    "C1 only + AppCDS + SerialGC (default)": {},
+    "C1 only + AppCDS + SerialGC, young gen, unchecked Arrow (default)": {},
     "C1 only + AppCDS + ParallelGC": {"STRATA_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"},
 }
 

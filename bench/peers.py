@@ -43,10 +43,19 @@ def duckdb_range(table: pa.Table) -> tuple[pa.Table, float]:
     return out, secs
 
 
-def _spark():
+#: Structured Streaming's driver JVM as Spark starts it (tiered C1+C2 compilers, G1), not the worker's
+#: (C1 only, tuned for many short jobs): in one process per option set, 2026-11-26, the extra 980 k
+#: tuples of :func:`range_cli` took Structured Streaming 3.0-3.1 s with these and 4.2-4.6 s in the
+#: worker's JVM (bench/NOTES.md).  The Spark settings (shuffle partitions = cores, no UI, ...) stay.
+PEER_JVM = {"spark.driver.extraJavaOptions": ""}
+
+
+def _spark(peer_jvm: bool = False):
+    """This process's session; ``peer_jvm``: if this call starts the JVM, start it as Spark does
+    (:data:`PEER_JVM`).  The first call of a process decides."""
     from strata.worker.spark import get_session
 
-    return get_session(master="local[2]", app_name="strata-bench-peers")
+    return get_session(master="local[2]", app_name="strata-bench-peers", conf=PEER_JVM if peer_jvm else None)
 
 
 def _parquet_per_instant(table: pa.Table, src: Path) -> Path:
@@ -277,8 +286,9 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
     session on the same data (default trigger: every file in one micro-batch), runs interleaved.
     Each side's cost of the extra ``tuples - small`` tuples is the difference of the medians:
     Strata's from the replay's own ``process`` timing (after the cluster is ready; its start-up is
-    reported apart), Structured Streaming's from its query time.  Every output is checked against
-    DuckDB on every instant (the replay's written CSV with levels)."""
+    reported apart), Structured Streaming's from its query time, in a JVM started with Spark's own
+    options (:data:`PEER_JVM`).  Every output is checked against DuckDB on every instant (the
+    replay's written CSV with levels)."""
     import statistics
 
     import pyarrow.csv as pcsv
@@ -294,7 +304,9 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
         tables = {n: vitals(n, U.PER_INSTANT) for n in (small, tuples)}
         expected = {n: duckdb_range10(t)[0] for n, t in tables.items()}
         instants = {n: set(int(x) for x in np.unique(t.column("ts").to_numpy())) for n, t in tables.items()}
-        out = {"tuples": tuples, "small": small, "strata": [], "sss": [], "load": []}
+        out = {"tuples": tuples, "small": small, "strata": [], "sss": [], "load": [],
+               "sss_jvm": "Spark's defaults (tiered C1+C2, G1)"}
+        _spark(peer_jvm=True)  # Structured Streaming in the JVM Spark itself would start
         sss_range10(tables[small], 10 ** 6)  # unmeasured: Structured Streaming's runs below are in a warm session
         for r in range(runs):
             for n in ((small, tuples) if r % 2 == 0 else (tuples, small)):

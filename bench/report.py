@@ -165,7 +165,8 @@ def _range_cli(rc: dict | None) -> str:
         return ""
     return (f". On the user's path (`strata replay`, 2 workers, defaults; processing after ready) "
             f"**{rc['ratio']:.1f}x{' (met)' if rc['ratio'] >= 3 else ' (not met)'}**: {rc['strata_extra_seconds']} s "
-            f"against Structured Streaming's {rc['sss_extra_seconds']} s in a warm session for the extra "
+            f"against Structured Streaming's {rc['sss_extra_seconds']} s in a warm session "
+            f"({'JVM with ' + rc['sss_jvm'] if rc.get('sss_jvm') else 'in the worker JVM: C1 only, slower for it'}) for the extra "
             f"{rc['tuples'] - rc['small']:,} tuples, both checked against DuckDB (`python -m bench.peers --cli`, "
             f"{rc.get('date', '?')}, load {rc.get('load', '?')})")
 
@@ -189,7 +190,8 @@ def _range_headline(rp: dict | None, rc: dict | None = None) -> str:
                      f"(warm runs {', '.join(f'{r:.1f}x' for r in ratios)})")
     verdict = "met" if all(met) else ("met at " + ", ".join(str(c["chunk_instants"]) for c, m in zip(rp["configs"], met) if m)
                                        + " instants per chunk only" if any(met) else "not met")
-    return (head + f"**{verdict}**: " + "; ".join(parts) + f" on the engine path, one process, every run checked "
+    return (head + f"**{verdict}**: " + "; ".join(parts) + f" on the engine path, one process (both in the worker's C1-only JVM, which slows Structured Streaming "
+            f"by ~1.4x: an upper bound), every run checked "
             f"against DuckDB (`python -m bench.peers`, {rp.get('date', '?')}, load {rp.get('load', '?')}){cli}; "
             "analysis in *Issue 13 targets on the default path* below.")
 

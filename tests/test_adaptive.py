@@ -340,8 +340,9 @@ def test_the_unit_row_cap_counts_the_legacy_once(battlefield):
 
 
 def test_chunks_travel_with_the_columns_their_queries_read(battlefield):
-    """``prune_chunk`` cuts every table to ts, level, the arrival order and the attributes some query of
-    the chunk reads (the same columns for all, so equal tables stay equal for sharing)."""
+    """``prune_chunk`` cuts every table to ts, level and the attributes some query of the chunk reads
+    (the same columns for all, so equal tables stay equal for sharing), plus the arrival order
+    ``_seq`` only when a query of the chunk has a ROWS window (the engine orders by it in Spark)."""
     from strata.chunking.prune import prune_chunk, used_columns
 
     texts = {"q1": "SELECT sid, AVG(bp) FROM Vitals [RANGE 2 SECONDS] GROUP BY sid",
@@ -351,7 +352,8 @@ def test_chunks_travel_with_the_columns_their_queries_read(battlefield):
     assert used_columns(cqs["q2"].query) == {"sid", "pr"}
     star = compile_query("SELECT * FROM Vitals [ROWS 2]", battlefield, "S")
     assert used_columns(star.query) == {"sid", "bp", "pr", "weight"}  # the compiler spells * out
-    for qs, want in ((["q1"], {"ts", "level", "sid", "bp"}), (["q1", "q2"], {"ts", "level", "sid", "bp", "pr"})):
+    for qs, want in ((["q1"], {"ts", "level", "sid", "bp"}),
+                     (["q1", "q2"], {"ts", "level", "sid", "bp", "pr", "_seq"})):
         ch = Chunker(battlefield, {q: cqs[q] for q in qs})
         ch.push("Vitals", _vitals([1, 1, 2, 3]))
         chunks = ch.close(3)
@@ -359,8 +361,10 @@ def test_chunks_travel_with_the_columns_their_queries_read(battlefield):
             sent = prune_chunk(c, cqs)
             for qc in sent.queries:
                 for t in qc.items:
-                    assert {n.lower() for n in t.column_names} - {"_seq"} == want
+                    assert {n.lower() for n in t.column_names} == want
                     assert "weight" not in t.column_names
+                    if "_seq" not in want:  # rows stay in arrival order without it
+                        assert t.column("ts").to_pylist() == sorted(t.column("ts").to_pylist())
 
 
 def test_a_failed_chunk_travels_alone_and_is_given_up_alone(battlefield):

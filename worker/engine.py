@@ -435,7 +435,7 @@ class Engine:
         """``table`` as record batches of one Spark partition each: ``createDataFrame`` makes one
         partition (task) per batch of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows
         (worker/spark.py sets it high).  With Spark's default of 10,000 rows a 680k-row chunk became
-        68 tasks whose scheduling cost 3-4x the work (docs/benchmarks/engine.md)."""
+        68 tasks whose scheduling cost 3-4x the work (docs/benchmarks/engine_micro.md)."""
         if self._cores is None:
             try:
                 self._cores = max(1, int(self.spark.sparkContext.defaultParallelism))
@@ -766,9 +766,10 @@ class _Run:
                 raise EngineError(f"table of FROM item {i} ({self.cq.items[i].name}) lacks column {name!r}")
             return k
 
-        seqs = table.column(key("_seq")).cast(pa.int64()).to_numpy()
-        if len(seqs) > 1 and bool(np.any(seqs[1:] < seqs[:-1])):
-            table = table.take(pa.array(np.argsort(seqs, kind="stable")))
+        if "_seq" in table.column_names:  # else in arrival order already (chunking.prune.project_chunk)
+            seqs = table.column("_seq").cast(pa.int64()).to_numpy()
+            if len(seqs) > 1 and bool(np.any(seqs[1:] < seqs[:-1])):
+                table = table.take(pa.array(np.argsort(seqs, kind="stable")))
         ts = table.column(key("ts")).cast(pa.int64()).to_numpy()
         keep = None
         end = None
@@ -876,8 +877,8 @@ class _Run:
         for i, f in enumerate(self.q.from_):
             # RANGE and NOW intervals end at ts + T: computed in SQL, not sent
             span = _span(f.window, self.e.config.instant_seconds)
-            src, cols = self._load(i, needed[i], window=f.window if arrow else None, seq=not arrow,
-                                   end_column=span is None)
+            src, cols = self._load(i, needed[i], window=f.window if arrow else None,
+                                   seq=not arrow and f.window.kind in ("rows", "partition"), end_column=span is None)
             ts = _col(i, "ts")
             if f.window.kind == "relation":
                 end = _col(i, "_end")

@@ -11,9 +11,15 @@ that a worker can submit to a real Spark cluster instead of ``local[N]``.
 
 The driver JVM (started by the first :func:`get_session` of a process) runs with
 :data:`JAVA_OPTIONS`, chosen for short jobs on few cores and measured in
-``docs/benchmarks/engine.md``: C1 only (``-XX:TieredStopAtLevel=1``: the C2
-compiler's background compilations cost more CPU than a worker's short jobs win
-back) and the serial collector (one core, small heap).  It also maps an AppCDS
+``docs/benchmarks/engine_micro.md`` and ``bench/NOTES.md``: C1 only
+(``-XX:TieredStopAtLevel=1``: the C2 compiler's background compilations cost more
+CPU than a worker's short jobs win back), the serial collector (one core) with a
+1 GB heap from the start (``-Xms1g``: no full collection while a unit of a million
+rows makes it grow; the young generation stays at its former ~128 MB, so that short
+jobs touch no more fresh memory than before), and Arrow's readers without their per-value bounds
+and null-check indirections (``arrow.enable_unsafe_memory_access``,
+``arrow.enable_null_check_for_get``; the JVM reads only the Arrow batches PySpark
+writes from tables the worker built itself).  It also maps an AppCDS
 archive of the classes a worker loads (:func:`cds_options`), which halves the
 CPU of starting a session.  Java 17 cannot create one on the fly, so a worker that
 finds none starts :func:`build_archive` in a detached background process at the
@@ -64,7 +70,7 @@ DEFAULT_CONF: dict[str, str] = {
     # scheduling cost 3-4x the work.  The engine cuts its tables into one batch per core itself.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000000",
     # per-statement planning work a chunk does not need (each measured at -4..-8 % of a warm
-    # chunk's CPU, docs/benchmarks/engine.md): inferring filters from constraints (the engine's
+    # chunk's CPU, docs/benchmarks/engine_micro.md): inferring filters from constraints (the engine's
     # plans have no redundant joins to prune) and the formatted plan text every execution
     # records for the (disabled) UI
     "spark.sql.constraintPropagation.enabled": "false",
@@ -74,8 +80,13 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.port.maxRetries": "64",
 }
 
-#: JVM options of the driver (docs/benchmarks/engine.md): C1 only, serial collector
-JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+#: JVM options of the driver (module docstring; bench/NOTES.md, "JVM options for large units"):
+#: C1 only, serial collector, the heap at 1 GB from the start, Arrow reads unchecked.
+#: A warm 1.18 M-row RANGE unit: 1.13-1.22 s against 1.55-1.65 s with the first two alone.
+JAVA_OPTIONS: tuple[str, ...] = (
+    "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms1g", "-Xmn128m",
+    "-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_null_check_for_get=false",
+)
 
 #: loggers whose warnings are expected in normal operation
 _QUIET_LOGGERS = ("org.apache.spark.sql.execution.window.WindowExec",)
