@@ -329,7 +329,7 @@ JVM_VARIANTS = {
     "AppCDS archive": {"STRATA_JAVA_OPTS": ""},
     "C1 only (-XX:TieredStopAtLevel=1)": {"STRATA_JAVA_OPTS": "-XX:TieredStopAtLevel=1", "STRATA_CDS": "0"},
     "C1 only + AppCDS": {"STRATA_JAVA_OPTS": "-XX:TieredStopAtLevel=1"},
-    "C1 only + AppCDS + SerialGC, young gen, unchecked Arrow (default)": {},
+    "C1 only + AppCDS + SerialGC, 1 GB initial heap, unchecked Arrow (default)": {},
     "C1 only + AppCDS + ParallelGC": {"STRATA_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"},
 }
 
