@@ -77,7 +77,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                   worker_env: dict[int, dict] | None = None, tls: bool = True,
                   load_reading: str | None = None, owner: str | None = None, tls_dir: Path | None = None,
                   wait: str = "all", stagger: bool = False, persist: bool = True,
-                  warm_queries: list[str] | None = None, lazy: bool = False) -> dict:
+                  warm_queries: list[str] | None = None, lazy: bool = False, abort=None) -> dict:
     """Start one master and ``workers`` workers per level as background processes.
 
     ``owner``: a user who gets every role on these masters (``strata master --owner``): the
@@ -100,6 +100,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     ``warm_queries``: texts of the queries the run will register (``strata replay``, the demo): the
     workers' warm-up evaluates their shapes instead of generic ones (``strata worker
     --warm-queries``, a file in ``state_dir``, which only this user can read).
+    ``abort``: a callable polled while the processes start; an exception it returns stops the cluster
+    and is raised (``strata replay`` reads its input meanwhile: a bad file ends the start-up at once).
     The returned dict has ``seconds``: {``first``: first worker ready, ``all``: every process
     ready (or None if not waited for)}.
     """
@@ -187,6 +189,10 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                    for lv in levels)
 
     while not enough() and time.monotonic() < deadline:
+        failure = abort() if abort is not None else None
+        if failure is not None:
+            stop_cluster(state_dir)
+            raise failure
         for p in procs:
             if p["name"] in pending and Path(p["ready"]).exists():
                 info = json.loads(Path(p["ready"]).read_text())

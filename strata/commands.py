@@ -371,6 +371,22 @@ def read_input(cfg, stream: str, path: str):
     return schema.name, table
 
 
+def check_inputs(cfg, specs: list[str]) -> None:
+    """The checks of :func:`parse_inputs` that need no reading, for a caller that reads later (the
+    replay reads while its cluster starts): each spec is STREAM=FILE, the stream exists, the file opens."""
+    for spec in specs:
+        if "=" not in spec:
+            raise CliError(f"--input must be STREAM=FILE, got {spec!r}", EXIT_REJECTED)
+        s, f = spec.split("=", 1)
+        if cfg.stream(s) is None:
+            raise CliError(f"unknown stream {s!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
+        try:
+            with open(f, "rb"):
+                pass
+        except OSError as e:
+            raise CliError(f"{f}: {e.strerror or e}") from None
+
+
 def parse_inputs(cfg, specs: list[str]):
     out = []
     for spec in specs:

@@ -375,6 +375,30 @@ def test_replay_exit_codes(tmp_path):
     assert r.returncode == 3
 
 
+def test_replay_reads_its_input_while_the_cluster_starts_and_a_bad_file_stops_it(tmp_path):
+    """The input is read during the start-up (``InputReader``): a value that is not a double, deep in
+    the file, ends the run with the reader's one line (file, line, column), the cluster it had begun
+    stopped and its directory gone; a mistyped path is said before anything starts."""
+    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "S"})
+    v = tmp_path / "v.csv"
+    rows = [(1 + k // 100, "U", "a", 1.0, 1.0, 1.0) for k in range(5000)] + [(60, "U", "a", "high", 1.0, 1.0)]
+    write_csv(v, ["ts", "level", "sid", "bp", "pr", "weight"], rows)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    base = ["replay", "--config", str(cfg_path), "--user", "ann", "--output", str(tmp_path / "o.csv"),
+            "--workers", "1", "--query", "SELECT AVG(bp) FROM Vitals [ROWS 10]"]
+    r = strata(*base, "--input", f"Vitals={v}", env_extra={"TMPDIR": str(scratch)})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"strata: {v}: line 5002, column bp: 'high' is not a double value (only an empty field is NULL)"
+    assert "Traceback" not in r.stderr
+    assert not list(scratch.glob("strata-replay-*"))  # the cluster stopped, its directory removed
+    r = strata(*base, "--input", f"Vitals={tmp_path / 'nope.csv'}", env_extra={"TMPDIR": str(scratch)})
+    assert r.returncode != 0 and "nope.csv: No such file or directory" in r.stderr.splitlines()[-1]
+    assert "starting an embedded cluster" not in r.stderr
+    assert not list(scratch.glob("strata-replay-*"))
+
+
 # ---- Chinese Wall audit queries (dissertation §8.3) ------------------------------------------------
 def test_chinese_wall_audit_queries(tmp_path):
     cfg_path = write_config(tmp_path, CHINESE_WALL_TOML, {"cloud": "[T,T]"})
