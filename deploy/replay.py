@@ -65,13 +65,13 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             level = cfg.lattice.parse(level)
         except ValueError as e:
             raise CliError(f"--level: {e}", EXIT_REJECTED) from None
-    if master is None and cluster is None and level is None:
-        from strata.users import UserStore
+    if master is None and cluster is None:  # the embedded master reads this users file: an unknown user
+        from strata.users import UserStore  # is refused before a cluster starts for nothing
 
         u = UserStore(cfg.users_path, cfg.lattice).load().get(user)
         if u is None or getattr(u, "clearance", None) is None:
             raise CliError("login failed: unknown user or wrong password", EXIT_LOGIN)
-        level = u.clearance
+        level = level or u.clearance
     check_inputs(cfg, inputs)  # a mistyped spec or path: said before anything starts
     reader = InputReader(cfg, inputs, level)  # reads while the cluster starts
     reader.start()

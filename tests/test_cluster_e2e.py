@@ -373,6 +373,9 @@ def test_replay_exit_codes(tmp_path):
     assert r.returncode == 2 and "authorization" in r.stderr.splitlines()[-1]
     r = strata(*base, "--query", "SELECT bp FROM Vitals", env_extra={"STRATA_PASSWORD": "wrong"})
     assert r.returncode == 3
+    r = strata(*[("bob" if a == "ann" else a) for a in base], "--level", "S", "--query", "SELECT bp FROM Vitals")
+    assert r.returncode == 3 and r.stderr.splitlines()[-1] == "strata: login failed: unknown user or wrong password"
+    assert "starting an embedded cluster" not in r.stderr  # refused before a cluster starts
 
 
 def test_replay_reads_its_input_while_the_cluster_starts_and_a_bad_file_stops_it(tmp_path):
