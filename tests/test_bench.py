@@ -88,3 +88,16 @@ def test_memory_analysis_and_the_new_sections_render(tmp_path):
     assert "(+102 kB per subscriber)" in text and "no limit raised" in text
     assert "| 50 % of the input | 50% | 1.0 | 200.0 | 5 |" in text
     assert "**10,000.00 MB per million input tuples**" in text and "the slope here says little" in text
+
+
+def test_replay_headline_without_a_whole_run_figure():
+    """When the 1 M runs' median is not the longer one (start-up noise) the formula has no figure: the
+    headline says so and still gives the figure with each run's start-up excluded."""
+    from bench.report import _headlines
+
+    rp = {"throughput": None, "throughput_after_start": 2_107_527, "pair_throughputs": [878_924, None, 777_161]}
+    lines = _headlines({"userpath": {"replay": rp, "reps": 5, "mode": "full", "date": "2026-11-26 16:17 UTC"}})
+    assert [x for x in lines if "strata replay" in x] == ["* `strata replay` of 1 M battlefield tuples, 2 workers, defaults: no figure (the 1 M runs' "
+                     "median was not the longer: start-up noise) as (1 M − 20 k), medians of 5 interleaved pairs "
+                     "(per pair 777,161 to 878,924, 1 pair(s) with the 1 M run the shorter); **2,107,527 tuples/s** "
+                     "with each run's start-up excluded (target ≥ 1,000,000: met) (full mode, 2026-11-26 16:17 UTC)."]
