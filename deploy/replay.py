@@ -65,6 +65,8 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             level = cfg.lattice.parse(level)
         except ValueError as e:
             raise CliError(f"--level: {e}", EXIT_REJECTED) from None
+    if cluster is not None and level is None:
+        raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
     if master is None and cluster is None:  # the embedded master reads this users file: an unknown user
         from strata.users import UserStore  # is refused before a cluster starts for nothing
 
@@ -79,8 +81,6 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
     ok = False
     out_t = timings if timings is not None else {}
     if cluster is not None:  # a cluster of `strata up`: a fresh master, the warm workers
-        if level is None:
-            raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
         t1 = time.monotonic()
         master, tls_dir, _ = renew_master(Path(cluster), level)
         out_t["start"] = round(time.monotonic() - t1, 3)
@@ -93,9 +93,6 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
                     "only if it lasts as long as that start-up" if how["lazy"] else
                     " one after the other (few cores); the run begins when the first is ready" if how["stagger"] else "")
                  + f" (user {user} has every role on it)")
-        # pyarrow imports pandas the first time it builds an array (drop_above, instant_batches):
-        # ~0.3 s that the run would pay after the cluster is ready; here it overlaps the start-up
-        threading.Thread(target=_import_pandas, name="import-pandas", daemon=True).start()
         t1 = time.monotonic()
         try:
             started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user,
@@ -135,7 +132,7 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         th.start()
         progress(f"replaying {reader.total} tuples")
         t2 = time.monotonic()
-        if batches is None or c.level != level:  # the session's level was not known before the login
+        if batches is None:  # the session's level was not known before the login (--master without --level)
             data, above = drop_above(cfg, data, c.level)  # the shepherd would drop them on arrival
             batches = instant_batches(cfg, data, c.level)
         reply = client_call(c.ingest, batches, labelled=True, what="input rejected: ")
@@ -187,7 +184,9 @@ class InputReader(threading.Thread):
     1 M tuples took ~0.45 s before a start-up of ~10 s that leaves the client idle).
 
     When the session's level is known (``level``), the rows it does not dominate are left out
-    (:func:`~strata.commands.drop_above`) and the input is cut into its ingest batches here too.
+    (:func:`~strata.commands.drop_above`) and the input is cut into its ingest batches here too;
+    that also pays pyarrow's one-time pandas import (~0.3 s, the first array it builds from Python
+    objects) during the start-up instead of after it.
     :meth:`failure` (polled during the start-up) is the reading's error once it has one;
     :meth:`result` waits and returns ``(data, rows left out, batches or None)`` or raises it."""
 
@@ -222,13 +221,6 @@ class InputReader(threading.Thread):
         if self._error is not None:
             raise self._error
         return self._out
-
-
-def _import_pandas() -> None:
-    try:
-        import pandas  # noqa: F401
-    except Exception:  # noqa: BLE001 - then pyarrow goes without, or pays it later
-        pass
 
 
 def write_outputs(output: str, regs, results) -> None:

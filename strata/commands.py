@@ -308,9 +308,7 @@ def read_input(cfg, stream: str, path: str):
 
     from strata.arrowio import ARROW_TYPES
 
-    schema = cfg.stream(stream)
-    if schema is None:
-        raise CliError(f"unknown stream {stream!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
+    schema = _stream_schema(cfg, stream)
     types = {"ts": pa.int64(), "level": pa.string()}
     types.update({c: ARROW_TYPES[t] for c, t in schema.columns})
     declared = {"ts": "long", "level": "level", **dict(schema.columns)}
@@ -371,15 +369,27 @@ def read_input(cfg, stream: str, path: str):
     return schema.name, table
 
 
-def check_inputs(cfg, specs: list[str]) -> None:
-    """The checks of :func:`parse_inputs` that need no reading, for a caller that reads later (the
-    replay reads while its cluster starts): each spec is STREAM=FILE, the stream exists, the file opens."""
+def _stream_schema(cfg, stream: str):
+    """The schema of ``stream``, or the one line refusing an unknown name."""
+    schema = cfg.stream(stream)
+    if schema is None:
+        raise CliError(f"unknown stream {stream!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
+    return schema
+
+
+def _input_specs(specs: list[str]):
+    """(stream, file) of each ``--input STREAM=FILE``, in order; the first malformed one refused."""
     for spec in specs:
         if "=" not in spec:
             raise CliError(f"--input must be STREAM=FILE, got {spec!r}", EXIT_REJECTED)
-        s, f = spec.split("=", 1)
-        if cfg.stream(s) is None:
-            raise CliError(f"unknown stream {s!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
+        yield tuple(spec.split("=", 1))
+
+
+def check_inputs(cfg, specs: list[str]) -> None:
+    """The checks of :func:`parse_inputs` that need no reading, for a caller that reads later (the
+    replay reads while its cluster starts): each spec is STREAM=FILE, the stream exists, the file opens."""
+    for s, f in _input_specs(specs):
+        _stream_schema(cfg, s)
         try:
             with open(f, "rb"):
                 pass
@@ -388,13 +398,7 @@ def check_inputs(cfg, specs: list[str]) -> None:
 
 
 def parse_inputs(cfg, specs: list[str]):
-    out = []
-    for spec in specs:
-        if "=" not in spec:
-            raise CliError(f"--input must be STREAM=FILE, got {spec!r}", EXIT_REJECTED)
-        s, f = spec.split("=", 1)
-        out.append(read_input(cfg, s, f))
-    return out
+    return [read_input(cfg, s, f) for s, f in _input_specs(specs)]
 
 
 def _batches(inputs, rows: int = 65536):

@@ -766,8 +766,8 @@ class _Run:
                 raise EngineError(f"table of FROM item {i} ({self.cq.items[i].name}) lacks column {name!r}")
             return k
 
-        if "_seq" in table.column_names:  # else in arrival order already (chunking.prune.project_chunk)
-            seqs = table.column("_seq").cast(pa.int64()).to_numpy()
+        if lower.get("_seq") is not None:  # else in arrival order already (chunking.prune.project_chunk)
+            seqs = table.column(key("_seq")).cast(pa.int64()).to_numpy()
             if len(seqs) > 1 and bool(np.any(seqs[1:] < seqs[:-1])):
                 table = table.take(pa.array(np.argsort(seqs, kind="stable")))
         ts = table.column(key("ts")).cast(pa.int64()).to_numpy()
