@@ -26,7 +26,8 @@ chunks, which are computed again (as are the chunks the checkpoint holds unrelea
 acknowledged (``resume_after_ts``), so it sees each result once.
 
 Writes use ``synchronous=FULL`` in WAL mode: a batch whose Ingest call returned
-survives a crash of the master or of its host.
+survives a crash of the master or of its host.  A new file gets 64 KiB pages
+(:data:`PAGE_SIZE`): ingest batches are blobs of megabytes.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 """
 
 
+#: SQLite page size of a new state file.  Ingest events are Arrow batches of up to a few MB, which
+#: SQLite keeps in chains of overflow pages: 64 KiB pages wrote 12 batches of 65,536 Vitals rows
+#: (35 MB) in 0.18-0.20 s against 0.38-0.47 s with the default 4 KiB (bench/NOTES.md)
+PAGE_SIZE = 65536
+
+
 class StateMismatch(RuntimeError):
     pass
 
@@ -101,6 +108,7 @@ class MasterStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only, like auto_vacuum
             self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file only, and before WAL writes its header
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")

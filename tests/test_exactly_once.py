@@ -177,14 +177,14 @@ def test_a_full_disk_leaves_neither_a_partial_log_nor_memory(tmp_path, battlefie
     pages = store._db.execute("PRAGMA page_count").fetchone()[0]
     store._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # room for a small batch, not a large one
     applied, logged, marks = snapshot(core), store.count(), store.producers()
-    big = vitals(list(range(2, 2 + 4000)))
+    big = vitals(sorted(list(range(2, 2 + 4000)) * 10))  # well over two pages of the store's page size
     with pytest.raises(Refused, match="database or disk is full"):
         core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2)
     assert (snapshot(core), store.count(), store.producers()) == (applied, logged, marks)
     store._db.execute("PRAGMA max_page_count = 1073741823")
-    assert core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2).accepted == 4000
+    assert core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2).accepted == 40_000
     assert core.ingest_batch("Vitals", big, None, advance_upto=3, producer=P, seq=2).duplicate
-    assert core.pipeline.counters["accepted"] == 3 + 4000
+    assert core.pipeline.counters["accepted"] == 3 + 40_000
     store.close()
 
 

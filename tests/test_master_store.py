@@ -67,6 +67,29 @@ def test_replayed_log_makes_the_same_chunks_and_queries(tmp_path):
     store2.close()
 
 
+def test_a_state_file_of_the_former_page_size_still_restores(tmp_path, monkeypatch):
+    """New files get ``PAGE_SIZE`` pages (large ingest blobs write faster); a file written with
+    SQLite's default 4 KiB pages (before that change) keeps them and restores the same chunks."""
+    from strata.master import store as S
+
+    cfg = parse_config(BATTLEFIELD_TOML)
+    core, store = make(tmp_path, cfg)
+    assert store._db.execute("PRAGMA page_size").fetchone()[0] == S.PAGE_SIZE
+    store.close()
+    (tmp_path / "m.sqlite").unlink()
+    monkeypatch.setattr(S, "PAGE_SIZE", 4096)
+    core, store = make(tmp_path, cfg)
+    drive(core)
+    want = chunk_bytes(core)
+    store.close()
+    monkeypatch.undo()
+    again, store2 = make(tmp_path, cfg)
+    assert store2._db.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert again.restore()["batches"] == 3
+    assert chunk_bytes(again) == want
+    store2.close()
+
+
 def test_s_master_never_persists_a_ts_tuple(tmp_path):
     cfg = parse_config(BATTLEFIELD_TOML)
     core, store = make(tmp_path, cfg)
