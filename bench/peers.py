@@ -279,7 +279,7 @@ def range_comparison(tuples: int = 1_000_000, per_instant: int = 20_000, chunk_l
     return out
 
 
-def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> dict:
+def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2, warm: bool = False) -> dict:
     """The user's path: ``strata replay --level TS --workers 2 --chunk-seconds 1`` (an embedded
     cluster per run, default settings otherwise, nothing injected) of battlefield CSVs of ``tuples``
     and ``small`` tuples with ``RANGE10_QUERY``, against Structured Streaming in this process's warm
@@ -288,8 +288,15 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
     Strata's from the replay's own ``process`` timing (after the cluster is ready; its start-up is
     reported apart), Structured Streaming's from its query time, in a JVM started with Spark's own
     options (:data:`PEER_JVM`).  Every output is checked against DuckDB on every instant (the
-    replay's written CSV with levels)."""
+    replay's written CSV with levels).
+
+    ``warm``: the fast path for repeated runs instead: ``strata up --levels TS --workers 2`` once,
+    one unmeasured ``strata replay --cluster`` per size (the workers have run the query's shape),
+    then ``strata replay --cluster`` per run (a fresh master onto the warm workers, whose CPU is
+    counted too)."""
+    import json
     import statistics
+    import subprocess
 
     import pyarrow.csv as pcsv
 
@@ -305,12 +312,22 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
         expected = {n: duckdb_range10(t)[0] for n, t in tables.items()}
         instants = {n: set(int(x) for x in np.unique(t.column("ts").to_numpy())) for n, t in tables.items()}
         out = {"tuples": tuples, "small": small, "strata": [], "sss": [], "load": [],
-               "sss_jvm": "Spark's defaults (tiered C1+C2, G1)"}
+               "sss_jvm": "Spark's defaults (tiered C1+C2, G1)", "warm": warm}
         _spark(peer_jvm=True)  # Structured Streaming in the JVM Spark itself would start
         sss_range10(tables[small], 10 ** 6)  # unmeasured: Structured Streaming's runs below are in a warm session
+        extra, also, state = None, [], d / "up-state"
+        if warm:
+            up = U.run_cmd(U.STRATA + ["up", "--config", str(cfg), "--levels", "TS", "--workers", "2",
+                                       "--state-dir", str(state)], U._env(), stdout=subprocess.PIPE)
+            out["up_seconds"] = up["seconds"]
+            extra = ["--cluster", str(state)]
+            also = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]
+                    if p["role"] == "worker"]
+            for n in (small, tuples):  # unmeasured: the workers run the query's shape once
+                U.replay_once(cfg, d, files[n], f"warm_{n}", extra, also=also, query=RANGE10_QUERY, level="TS")
         for r in range(runs):
             for n in ((small, tuples) if r % 2 == 0 else (tuples, small)):
-                run = U.replay_once(cfg, d, files[n], f"{n}_{r}", query=RANGE10_QUERY, level="TS")
+                run = U.replay_once(cfg, d, files[n], f"{n}_{r}", extra, also=also, query=RANGE10_QUERY, level="TS")
                 out["load"].append(run["load"])
                 t = run["timings"]
                 check_range10(expected[n], pcsv.read_csv(run["output"]), f"strata replay {n:,}", instants[n],
@@ -333,6 +350,8 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2) -> di
         out["strata_start"] = med("strata", small, "start")
         return out
     finally:
+        if warm and (d / "up-state" / "cluster.json").exists():
+            subprocess.run(U.STRATA + ["down", "--state-dir", str(d / "up-state")], env=U._env(), capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -365,12 +384,17 @@ def main(argv=None) -> int:
                     help="also keep them in docs/benchmarks/results.json (range_peers) for the README's headline")
     ap.add_argument("--cli", action="store_true",
                     help="the user's path instead: `strata replay` vs Structured Streaming (range_cli)")
+    ap.add_argument("--warm", action="store_true",
+                    help="with --cli: `strata replay --cluster` onto a `strata up` cluster's warm workers "
+                         "(range_cli_warm)")
     args = ap.parse_args(argv)
+    if args.warm and not args.cli:
+        ap.error("--warm goes with --cli")
     if args.cli:
-        res = range_cli(args.tuples, runs=args.runs)
+        res = range_cli(args.tuples, runs=args.runs, warm=args.warm)
         if args.record:
-            record(res, "range_cli")
-        print(f"\nstrata replay (processing after ready) {res['strata_extra_seconds']} s vs Structured Streaming "
+            record(res, "range_cli_warm" if args.warm else "range_cli")
+        print(f"\nstrata replay{' --cluster (warm workers)' if args.warm else ''} (processing after ready) {res['strata_extra_seconds']} s vs Structured Streaming "
               f"{res['sss_extra_seconds']} s for the extra {args.tuples - res['small']:,} tuples: {res['ratio']}x; "
               f"every output checked against DuckDB on every instant")
         if args.json:

@@ -101,3 +101,21 @@ def test_replay_headline_without_a_whole_run_figure():
                      "median was not the longer: start-up noise) as (1 M − 20 k), medians of 5 interleaved pairs "
                      "(per pair 777,161 to 878,924, 1 pair(s) with the 1 M run the shorter); **2,107,527 tuples/s** "
                      "with each run's start-up excluded (target ≥ 1,000,000: met) (full mode, 2026-11-26 16:17 UTC)."]
+
+
+def test_range_headline_gives_the_user_path_and_the_warm_path():
+    """The RANGE headline: the engine path only ever "reached" (an upper bound), the user's path
+    and the warm-workers path each with their own verdict against 3x."""
+    from bench.report import _range_headline
+
+    rp = {"configs": [{"chunk_instants": 25, "strata": [{"seconds": 2.0}, {"seconds": 1.0}],
+                       "sss": [{"seconds": 4.0}, {"seconds": 3.5}]}], "date": "d0", "load": "1-2"}
+    rc = {"ratio": 1.5, "strata_extra_seconds": 2.0, "sss_extra_seconds": 3.0, "tuples": 1_000_000, "small": 20_000,
+          "sss_jvm": "Spark's defaults", "date": "d1", "load": "1-3"}
+    rw = {"ratio": 1.55, "strata_extra_seconds": 1.3, "sss_extra_seconds": 2.01, "date": "d2", "load": "2-3"}
+    line = _range_headline(rp, rc, rw)
+    assert "**reached**: 3.5x at 25 instant(s)" in line
+    assert "**1.5x (not met)**: 2.0 s against Structured Streaming's 3.0 s" in line
+    assert ("With `strata replay --cluster` onto a `strata up` cluster's warm workers **1.6x (not met)**: 1.3 s "
+            "against 2.01 s (`python -m bench.peers --cli --warm`, d2, load 2-3)") in line
+    assert "warm workers" not in _range_headline(rp, rc)  # no record, no clause
