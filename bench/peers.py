@@ -294,15 +294,15 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2, warm:
     one unmeasured ``strata replay --cluster`` per size (the workers have run the query's shape),
     then ``strata replay --cluster`` per run (a fresh master onto the warm workers, whose CPU is
     counted too)."""
-    import json
+    import contextlib
     import statistics
-    import subprocess
 
     import pyarrow.csv as pcsv
 
     from bench import userpath as U
 
     d = Path(tempfile.mkdtemp(prefix="strata-range-cli-"))
+    cluster = contextlib.ExitStack()  # the warm path's `strata up` cluster, stopped at the end
     try:
         cfg = U.setup(d)
         files = U.write_inputs(d, [small, tuples])
@@ -315,14 +315,11 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2, warm:
                "sss_jvm": "Spark's defaults (tiered C1+C2, G1)", "warm": warm}
         _spark(peer_jvm=True)  # Structured Streaming in the JVM Spark itself would start
         sss_range10(tables[small], 10 ** 6)  # unmeasured: Structured Streaming's runs below are in a warm session
-        extra, also, state = None, [], d / "up-state"
+        extra, also = None, []
         if warm:
-            up = U.run_cmd(U.STRATA + ["up", "--config", str(cfg), "--levels", "TS", "--workers", "2",
-                                       "--state-dir", str(state)], U._env(), stdout=subprocess.PIPE)
-            out["up_seconds"] = up["seconds"]
-            extra = ["--cluster", str(state)]
-            also = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]
-                    if p["role"] == "worker"]
+            state = d / "up-state"
+            out["up_seconds"] = cluster.enter_context(U.up_cluster(cfg, state, "TS"))["seconds"]
+            extra, also = ["--cluster", str(state)], U.worker_pids(state)
             for n in (small, tuples):  # unmeasured: the workers run the query's shape once
                 U.replay_once(cfg, d, files[n], f"warm_{n}", extra, also=also, query=RANGE10_QUERY, level="TS")
         for r in range(runs):
@@ -350,8 +347,7 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2, warm:
         out["strata_start"] = med("strata", small, "start")
         return out
     finally:
-        if warm and (d / "up-state" / "cluster.json").exists():
-            subprocess.run(U.STRATA + ["down", "--state-dir", str(d / "up-state")], env=U._env(), capture_output=True)
+        cluster.close()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -394,9 +390,9 @@ def main(argv=None) -> int:
         res = range_cli(args.tuples, runs=args.runs, warm=args.warm)
         if args.record:
             record(res, "range_cli_warm" if args.warm else "range_cli")
-        print(f"\nstrata replay{' --cluster (warm workers)' if args.warm else ''} (processing after ready) {res['strata_extra_seconds']} s vs Structured Streaming "
-              f"{res['sss_extra_seconds']} s for the extra {args.tuples - res['small']:,} tuples: {res['ratio']}x; "
-              f"every output checked against DuckDB on every instant")
+        print(f"\nstrata replay{' --cluster (warm workers)' if args.warm else ''} (processing after ready) "
+              f"{res['strata_extra_seconds']} s vs Structured Streaming {res['sss_extra_seconds']} s for the extra "
+              f"{args.tuples - res['small']:,} tuples: {res['ratio']}x; every output checked against DuckDB on every instant")
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1, default=str))
         return 0

@@ -25,6 +25,7 @@ reference on every instant.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -216,27 +217,39 @@ def _summary(runs: list[dict], checks: list[str], big: int, small: int) -> dict:
             "load": [r["load"] for r in runs]}
 
 
+@contextlib.contextmanager
+def up_cluster(cfg: Path, state: Path, level: str = LEVEL):
+    """``strata up --levels level --workers 2`` into ``state`` for the block (yields its
+    :func:`run_cmd` result), ``strata down`` after it."""
+    up = run_cmd(STRATA + ["up", "--config", str(cfg), "--levels", level, "--workers", "2", "--state-dir",
+                           str(state)], _env(), stdout=subprocess.PIPE)
+    try:
+        yield up
+    finally:
+        subprocess.run(STRATA + ["down", "--state-dir", str(state)], env=_env(), capture_output=True)
+
+
+def worker_pids(state: Path) -> list[int]:
+    """The pids of the workers of the ``strata up`` cluster in ``state`` (their CPU is the run's too)."""
+    return [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "worker"]
+
+
 def sec_cluster(d: Path, cfg: Path, files: dict[int, Path], data: dict[int, pa.Table], reps: int) -> dict:
     """``strata up`` once, then ``strata replay --cluster`` per run (fresh master, warm workers)."""
     big, small = max(files), min(files)
     state = d / "up-state"
-    up = run_cmd(STRATA + ["up", "--config", str(cfg), "--levels", LEVEL, "--workers", "2", "--state-dir",
-                           str(state)], _env(), stdout=subprocess.PIPE)
     runs, checks = [], []
-    try:
+    with up_cluster(cfg, state) as up:
         for rep in range(reps):
             for n in ((small, big) if rep % 2 == 0 else (big, small)):
-                workers = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]
-                           if p["role"] == "worker"]
-                r = replay_once(cfg, d, files[n], f"cluster_{n}_{rep}", ["--cluster", str(state)], also=workers)
+                r = replay_once(cfg, d, files[n], f"cluster_{n}_{rep}", ["--cluster", str(state)],
+                                also=worker_pids(state))
                 r.update(tuples=n, rep=rep)
                 checks.append(check_avg_output(Path(r["output"]), data[n]))
                 _log(f"replay --cluster {n:,} tuples: {r['seconds']:.2f} s (fresh master "
                      f"{r['timings'].get('start', 0):.2f} s, processing {r['timings'].get('process', 0):.2f} s), "
                      f"load {r['load']}")
                 runs.append(r)
-    finally:
-        subprocess.run(STRATA + ["down", "--state-dir", str(state)], env=_env(), capture_output=True)
     out = _summary(runs, checks, big, small)
     out["up_seconds"] = up["seconds"]
     return out
