@@ -19,6 +19,15 @@ An inventory is a TOML file (full reference and example in ``docs/deploy.md``)::
     address = "10.0.0.7"              # gRPC listen address and multicast interface of this host
     levels = { S = 2 }                # level → worker count, or { workers = 2, master = true }
 
+    [levels."S".spark]                # optional: deploy runs level S's own Spark standalone cluster
+    master_host = "s-spark"           # a [[hosts]] name; its address is the master's
+    master_port = 7077                # the config's [groups."S"] spark_master must be spark://<address>:7077
+    workers = ["s-spark"]             # hosts running a Spark worker for S (default: the master host)
+
+``[deployment] spark_master`` is deprecated: each level's workers use their level's
+``[groups."L"]`` Spark settings of the config (strata/spark_settings.py); a local master
+given there still applies, as ``STRATA_SPARK_MASTER``, to levels that set none.
+
 :func:`load_inventory` parses and validates (against the config's lattice) and
 returns an :class:`Inventory`; every error names the offending key
 (``inventory hosts[2].levels: unknown level 'Q' (levels: U, C, S, TS)``).
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import posixpath
 import re
 import sys
 import tomllib
@@ -37,19 +47,23 @@ from pathlib import Path, PurePosixPath
 from strata.config import Config, ConfigError, load_config
 from strata.groups import level_slug
 
-__all__ = ["InventoryError", "Inventory", "Host", "LevelGroup", "Proc", "load_inventory", "parse_inventory"]
+__all__ = ["InventoryError", "Inventory", "Host", "LevelGroup", "Proc", "SparkCluster", "load_inventory",
+           "parse_inventory"]
 
 TRANSPORTS = ("ssh", "netns", "local")
 DEPLOYMENT_KEYS = {"name", "config", "remote_config", "push_config", "state_dir", "python", "secrets", "tls",
                    "chunk_seconds", "spark_master", "ssh_options", "transport", "systemd_dir", "env_dir",
                    "service_user", "ready_timeout"}
-LEVEL_KEYS = {"address", "port", "ttl", "master_port", "worker_port"}
+LEVEL_KEYS = {"address", "port", "ttl", "master_port", "worker_port", "spark"}
+SPARK_KEYS = {"master_host", "master_port", "master_webui_port", "workers", "worker_port", "worker_webui_port",
+              "worker_cores", "worker_memory"}
 HOST_KEYS = {"name", "transport", "ssh", "netns", "address", "state_dir", "config", "python", "levels",
              "ssh_options", "service_user"}
 HOST_LEVEL_KEYS = {"workers", "master"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _SSH_TARGET = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9_.:\[\]-]+")
 _MULTICAST = ipaddress.ip_network("224.0.0.0/4")
+_SPARK_MEMORY = re.compile(r"[1-9][0-9]{0,6}[mMgGtT]")
 
 
 class InventoryError(ValueError):
@@ -87,6 +101,32 @@ class Proc:
     @property
     def unit(self) -> str:
         return f"strata-{self.role}@{self.instance}.service"
+
+
+@dataclass(frozen=True)
+class SparkCluster:
+    """A level's Spark standalone cluster that ``strata deploy`` runs (``[levels."L".spark]``)."""
+
+    level: str
+    slug: str
+    master_host: str  # a host name of the inventory
+    master_address: str  # that host's address: the master binds to it
+    master_port: int
+    master_webui_port: int  # 0: any free port
+    workers: tuple[str, ...]  # host names running a Spark worker of the level
+    worker_port: int = 0  # 0: any free port
+    worker_webui_port: int = 8081  # 0: any free port
+    worker_cores: int | None = None  # None: every core of the host
+    worker_memory: str | None = None  # None: Spark's default (the host's memory less 1 GiB)
+
+    @property
+    def url(self) -> str:
+        return f"spark://{self.master_address}:{self.master_port}"
+
+    def roles_on(self, host: str) -> list[str]:
+        """``spark-master`` and/or ``spark-worker``: what this cluster runs on ``host``."""
+        return (["spark-master"] if host == self.master_host else []) + \
+            (["spark-worker"] if host in self.workers else [])
 
 
 @dataclass(frozen=True)
@@ -132,13 +172,20 @@ class Inventory:
     secrets: Path
     tls: bool
     chunk_seconds: float
-    spark_master: str
+    #: deprecated ``[deployment] spark_master`` (None: unset): a local master for levels the config gives none
+    spark_master: str | None
     systemd_dir: str
     env_dir: str
     ready_timeout: float
     levels: dict[str, LevelGroup]
     hosts: list[Host]
     warnings: list[str] = field(default_factory=list)
+    #: level → the Spark standalone cluster ``up`` runs for it (``[levels."L".spark]``)
+    spark: dict[str, SparkCluster] = field(default_factory=dict)
+    #: level → ``[groups."L"] spark_secret_file`` as the config writes it (relative to the config file)
+    spark_secret_paths: dict[str, str] = field(default_factory=dict)
+    #: levels whose config names a Spark master (``[groups."L"] spark_master``)
+    spark_configured: frozenset[str] = frozenset()
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -151,6 +198,23 @@ class Inventory:
 
     def hosts_of(self, level: str) -> list[Host]:
         return [h for h in self.hosts if level in h.workers]
+
+    def spark_master_env(self, level: str) -> str | None:
+        """The deprecated ``[deployment] spark_master`` for ``level``'s workers: only when the config
+        names no Spark master for the level (a level's own ``[groups."L"]`` setting always wins)."""
+        return self.spark_master if self.spark_master and level not in self.spark_configured else None
+
+    def spark_daemons(self, host: Host) -> list[tuple[str, str]]:
+        """(role, level) of each Spark daemon ``up`` runs on ``host`` (``spark-master``/``spark-worker``)."""
+        return [(role, lv) for lv, c in self.spark.items() for role in c.roles_on(host.name)]
+
+    def spark_secret_remote(self, host: Host, level: str) -> str | None:
+        """Where ``host`` finds ``level``'s ``spark_secret_file``: the config's path, relative to the
+        host's config file (``host.config``), as the worker resolves it (None: the level has none)."""
+        raw = self.spark_secret_paths.get(level)
+        if raw is None:
+            return None
+        return posixpath.normpath(posixpath.join(posixpath.dirname(host.config), raw))
 
     @property
     def record_path(self) -> Path:
@@ -216,7 +280,19 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
     chunk_seconds = _num(dep, "chunk_seconds", "deployment", err, 1.0)
     if chunk_seconds <= 0:
         raise err("deployment.chunk_seconds", "must be a positive number of seconds")
-    spark_master = _str(dep, "spark_master", "deployment", err) or "local[2]"
+    spark_master = _str(dep, "spark_master", "deployment", err) or None
+    if spark_master is not None:
+        from strata.spark_settings import is_local_master, master_problem
+
+        problem = master_problem(spark_master)
+        if problem:
+            raise err("deployment.spark_master", problem)
+        if not is_local_master(spark_master):
+            raise err("deployment.spark_master", f"{spark_master.strip()}: one Spark cluster for every level is "
+                                                 f"refused (a level's Spark cluster is never shared): give each "
+                                                 f"level its own in the config, [groups.\"L\"] spark_master and "
+                                                 f"spark_secret_file (deprecated key: remove it)")
+        spark_master = spark_master.strip()
     ssh_options = _ssh_options(dep, "ssh_options", "deployment", err)
     default_transport = _str(dep, "transport", "deployment", err) or "ssh"
     if default_transport not in TRANSPORTS:
@@ -237,6 +313,7 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
         raise err("hosts", "no [[hosts]]: add at least one host")
     if not isinstance(raw_hosts, list) or not all(isinstance(h, dict) for h in raw_hosts):
         raise err("hosts", "must be an array of tables ([[hosts]])")
+    spark_hosts = _spark_host_names(data.get("levels"))
     hosts: list[Host] = []
     seen_names: dict[str, int] = {}
     for i, h in enumerate(raw_hosts):
@@ -281,9 +358,12 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
         hssh = tuple(ssh_options + _ssh_options(h, "ssh_options", key, err))
         huser = _str(h, "service_user", key, err) or service_user
         rawlv = h.get("levels")
+        if rawlv is None and hname in spark_hosts:
+            rawlv = {}  # runs only Spark daemons of a level ([levels."L".spark])
         if rawlv is None:
-            raise err(f"{key}.levels", "missing: which level groups this host runs, e.g. levels = { S = 2 }")
-        if not isinstance(rawlv, dict) or not rawlv:
+            raise err(f"{key}.levels", "missing: which level groups this host runs, e.g. levels = { S = 2 } "
+                                       "(or name it in a [levels.\"L\".spark] table)")
+        if not isinstance(rawlv, dict) or (not rawlv and hname not in spark_hosts):
             raise err(f"{key}.levels", "must be a table level → worker count (or { workers = N, master = true })")
         workers: dict[str, int] = {}
         masters: list[str] = []
@@ -393,21 +473,57 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
             raise err("levels", f"levels {slugs[g.slug]} and {lv} share the file name {g.slug!r}")
         slugs[g.slug] = lv
 
+    # -- the levels' Spark: the config's settings, and the clusters deploy runs ([levels."L".spark])
+    settings, secret_paths = _config_spark(config, err)
+    by_name = {h.name: h for h in hosts}
+    spark: dict[str, SparkCluster] = {}
+    for lv in used:
+        ktext, spec = by_level.get(lv, (lv, {}))
+        if "spark" in spec:
+            spark[lv] = _spark_cluster(lv, spec["spark"], f"levels.{_toml_key(ktext)}.spark", by_name, settings,
+                                       levels[lv].slug, err)
+    configured = frozenset(lv for lv, s_ in settings.items() if s_.source == "config")
+    if spark_master is not None:
+        applies = [lv for lv in used if lv not in configured]
+        warnings.append(f"deployment.spark_master is deprecated (each level's workers use the config's "
+                        f"[groups.\"L\"] spark_master): {spark_master} "
+                        + (f"applies only to level{'s' if len(applies) > 1 else ''} {', '.join(applies)}, which "
+                           f"set{'' if len(applies) > 1 else 's'} none" if applies
+                           else "applies to no level: every level sets its own; remove it"))
+
     inv = Inventory(path=path, name=name, config_path=config_path, config=config, push_config=push_config,
                     secrets=secrets, tls=tls, chunk_seconds=float(chunk_seconds), spark_master=spark_master,
                     systemd_dir=systemd_dir, env_dir=env_dir, ready_timeout=float(ready_timeout),
-                    levels=levels, hosts=hosts, warnings=warnings)
+                    levels=levels, hosts=hosts, warnings=warnings, spark=spark,
+                    spark_secret_paths={lv: p for lv, p in secret_paths.items() if lv in used},
+                    spark_configured=configured)
+    for lv in inv.spark_secret_paths:  # the path each host of the level receives it at must be plain
+        for h in inv.hosts_of(lv):
+            _posix_abs(inv.spark_secret_remote(h, lv), f"deployment.config [groups.\"{lv}\"] spark_secret_file "
+                                                       f"(on {h.name})", err)
 
-    # fixed TCP ports must not collide on one address
+    # fixed TCP ports must not collide on one address (the Spark daemons' too)
     taken: dict[tuple[str, int], str] = {}
+
+    def claim(h: Host, port: int, what: str, key: str) -> None:
+        k = (h.address, port)
+        if k in taken:
+            raise err(key, f"{h.name} {what} and {taken[k]} both listen on {h.address}:{port}")
+        taken[k] = f"{h.name} {what}"
+
     for h in hosts:
         for p in h.processes(inv):
             if p.port:
-                k = (h.address, p.port)
-                if k in taken:
-                    raise err(f"levels.{_toml_key(p.level)}", f"{h.name} {p.name} and {taken[k]} both listen on "
-                                                               f"{h.address}:{p.port}")
-                taken[k] = f"{h.name} {p.name}"
+                claim(h, p.port, p.name, f"levels.{_toml_key(p.level)}")
+    for lv, c in spark.items():
+        key = f"levels.{_toml_key(lv)}.spark"
+        for role, port_name, port in (("spark-master", "master_port", c.master_port),
+                                      ("spark-master", "master_webui_port", c.master_webui_port),
+                                      ("spark-worker", "worker_port", c.worker_port),
+                                      ("spark-worker", "worker_webui_port", c.worker_webui_port)):
+            for hn in ([c.master_host] if role == "spark-master" else list(c.workers)):
+                if port:
+                    claim(by_name[hn], port, f"{role}-{c.slug} ({port_name})", f"{key}.{port_name}")
     # hosts that share a state dir on one machine would overwrite each other's files
     local_dirs: dict[tuple[str, str], str] = {}
     for h in hosts:
@@ -424,6 +540,87 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
         if "interface" in gcfg or "ttl" in gcfg:
             warnings.append(f"the config's [groups.\"{lv}\"] interface/ttl are overridden per host by the inventory")
     return inv
+
+
+# ---- the levels' Spark ----------------------------------------------------------------------------
+def _spark_host_names(raw_levels) -> set[str]:
+    """Host names the ``[levels."L".spark]`` tables mention (such a host may list no levels)."""
+    out: set[str] = set()
+    if not isinstance(raw_levels, dict):
+        return out
+    for spec in raw_levels.values():
+        sp = spec.get("spark") if isinstance(spec, dict) else None
+        if isinstance(sp, dict):
+            if isinstance(sp.get("master_host"), str):
+                out.add(sp["master_host"])
+            ws = sp.get("workers", [])
+            if isinstance(ws, list):
+                out.update(w for w in ws if isinstance(w, str))
+    return out
+
+
+def _config_spark(config: Config, err) -> tuple[dict, dict[str, str]]:
+    """The config's per-level Spark settings (strata/spark_settings.py) and each level's
+    ``spark_secret_file`` as written there (relative to the config file, like the workers read it)."""
+    from strata.spark_settings import check_spark_settings
+
+    try:
+        settings = check_spark_settings(config)
+    except ConfigError as e:
+        raise err("deployment.config", str(e)) from None
+    paths: dict[str, str] = {}
+    for name, table in (config.sections.get("groups", {}) or {}).items():
+        if isinstance(table, dict) and isinstance(table.get("spark_secret_file"), str):
+            try:
+                paths[config.lattice.parse(name)] = table["spark_secret_file"].strip()
+            except ValueError:
+                continue
+    return settings, paths
+
+
+def _spark_cluster(lv: str, spec, key: str, hosts: dict[str, Host], settings: dict, slug: str, err) -> SparkCluster:
+    if not isinstance(spec, dict):
+        raise err(key, "must be a table (master_host, master_port, workers, ...)")
+    _no_unknown(spec, SPARK_KEYS, key, err)
+    mh = _str(spec, "master_host", key, err, required=True)
+    if mh not in hosts:
+        raise err(f"{key}.master_host", f"no host named {mh!r} (hosts: {', '.join(hosts)})")
+    workers = _str_list(spec, "workers", key, err) if "workers" in spec else [mh]
+    if not workers:
+        raise err(f"{key}.workers", "no Spark worker: name at least one host")
+    for w in workers:
+        if w not in hosts:
+            raise err(f"{key}.workers", f"no host named {w!r} (hosts: {', '.join(hosts)})")
+    if len(set(workers)) != len(workers):
+        raise err(f"{key}.workers", "a host is listed twice (one Spark worker per host and level)")
+    ports = {}
+    for k, default in (("master_port", 7077), ("master_webui_port", 8080), ("worker_port", 0),
+                       ("worker_webui_port", 8081)):
+        ports[k] = _int(spec, k, key, err, default)
+        if not 0 <= ports[k] <= 65535:
+            raise err(f"{key}.{k}", "must be a TCP port 1..65535 (or 0: any free port)")
+    if ports["master_port"] == 0:
+        raise err(f"{key}.master_port", "must be a fixed TCP port: the level's workers find the master there "
+                                        "(the config's spark_master)")
+    cores = spec.get("worker_cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= 1024):
+        raise err(f"{key}.worker_cores", "must be a number of cores 1..1024")
+    memory = spec.get("worker_memory")
+    if memory is not None and (not isinstance(memory, str) or not _SPARK_MEMORY.fullmatch(memory)):
+        raise err(f"{key}.worker_memory", 'must be an amount like "512m" or "4g"')
+    c = SparkCluster(lv, slug, mh, hosts[mh].address, ports["master_port"], ports["master_webui_port"],
+                     tuple(workers), ports["worker_port"], ports["worker_webui_port"], cores, memory)
+    # the level's workers must be pointed at this cluster by the config (which they read)
+    s = settings.get(lv)
+    if s is None or s.source != "config" or s.is_local:
+        have = f"is {s.master}" if s is not None and s.source == "config" else "is not set"
+        raise err(key, f"the config's [groups.\"{lv}\"] spark_master {have}; this inventory runs level {lv}'s "
+                       f"Spark master at {c.url}: set spark_master = \"{c.url}\" and spark_secret_file there")
+    host_port = s.master[len("spark://"):].rsplit(":", 1) if s.master.startswith("spark://") else ["", "0"]
+    if host_port[0].strip("[]").lower() != c.master_address or int(host_port[-1]) != c.master_port:
+        raise err(key, f"the config's [groups.\"{lv}\"] spark_master is {s.master}, but this inventory runs level "
+                       f"{lv}'s Spark master at {c.url} (master_host {mh}'s address, master_port): make them equal")
+    return c
 
 
 # ---- helpers ------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from strata.commands import parse_levels
 from strata.config import config_of
-from strata.errors import EXIT_OK, CliError
+from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
+from strata.private import open_private_log, private_dir, write_private
 from strata.serving import free_udp_port, pid_alive, progress
 
 __all__ = ["start_cluster", "embedded_start", "stop_cluster", "restart_process", "renew_master",
@@ -73,18 +74,25 @@ def embedded_load_reading(cfg) -> str:
 
 
 def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
-                  multicast_port: int | None = None, spark_master: str = "local[1]", timeout: float = 180.0,
+                  multicast_port: int | None = None, spark_master: str | None = None, timeout: float = 180.0,
                   worker_env: dict[int, dict] | None = None, tls: bool = True,
                   load_reading: str | None = None, owner: str | None = None, tls_dir: Path | None = None,
                   wait: str = "all", stagger: bool = False, persist: bool = True,
-                  warm_queries: list[str] | None = None, lazy: bool = False, abort=None) -> dict:
+                  warm_queries: list[str] | None = None, lazy: bool = False, abort=None, standby: bool = False) -> dict:
     """Start one master and ``workers`` workers per level as background processes.
+
+    ``standby``: also a standby master per level (``master-<level>-standby``, its own state file
+    ``master-<level>-standby.sqlite`` and address; docs/operations.md, *Standby masters*), started once
+    the level's master is active; the two name each other with ``--peers``.  The result then has
+    ``standbys``: level -> its address.
 
     ``owner``: a user who gets every role on these masters (``strata master --owner``): the
     embedded runs a user starts for themself (``strata replay`` without ``--master``, the
     demo).  Without it (``strata up``) sessions have the users file's roles.
 
     ``worker_env``: extra environment per worker index (e.g. an injected CPU reading).
+    ``spark_master``: the workers' Spark master, only to override their level's own setting
+    (``[groups."L"] spark_master``, strata/spark_settings.py; default ``local[1]``).
     ``load_reading``: Algorithm 5's CPU reading for the workers (worker/load.py); ``None``: the
     configuration's ``[cluster] load_reading``, else ``process`` (:func:`embedded_load_reading`).
     With ``tls`` (the default) every link is mutual TLS with certificates from ``tls_dir``
@@ -112,9 +120,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     cfg = load_config(config)
     if load_reading is None:
         load_reading = embedded_load_reading(cfg)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # keys, logs, the event logs: this user only
-    (state_dir / "logs").mkdir(exist_ok=True, mode=0o700)
-    (state_dir / "run").mkdir(exist_ok=True, mode=0o700)
+    for d in (state_dir, state_dir / "logs", state_dir / "run"):  # keys, logs, the event logs: this user only
+        private_dir(d)
     port = multicast_port or free_udp_port()
     levels = [cfg.lattice.parse(lv) for lv in levels]
     for lv in levels:
@@ -132,18 +139,22 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         warm_file.unlink(missing_ok=True)
         with os.fdopen(os.open(warm_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(json.dumps(list(warm_queries)))
+    if standby and not persist:
+        raise CliError("a standby master copies the active one's event log: it needs persist", EXIT_REJECTED)
     procs = []
+    deferred = []  # standbys: started once their level's master is ready (it is then the active one)
     base = [sys.executable, "-m", "strata"]
     for lv in levels:
         slug = level_slug(lv)
         roles = [("master", f"master-{slug}")] + [("worker", f"worker-{slug}-{i}") for i in range(workers)]
+        standby_listen = f"127.0.0.1:{_free_tcp_port()}" if standby else None
         previous = None  # the level's previous worker's ready file (stagger)
         for role, name in roles:
             ready = state_dir / "run" / f"{name}.json"
             ready.unlink(missing_ok=True)
             cmd = base + [role, "--config", str(Path(config).resolve()), "--level", lv, "--listen", "127.0.0.1:0",
                           "--state-dir", str(state_dir.resolve()), "--multicast-port", str(port),
-                          "--ready-file", str(ready)]
+                          "--ready-file", str(ready), "--log-file", str((state_dir / "logs" / f"{name}.log").resolve())]
             if not tls:
                 cmd.append("--insecure")
             elif tls_dir is not None:
@@ -154,8 +165,21 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                     cmd.append("--no-persist")
                 if owner:
                     cmd += ["--owner", owner]
+                if standby_listen:  # its standby's address, chosen now: a restarted master asks it first
+                    cmd += ["--peers", standby_listen]
+                    s_name = f"master-{slug}-standby"
+                    s_ready = state_dir / "run" / f"{s_name}.json"
+                    s_ready.unlink(missing_ok=True)
+                    s_cmd = [x if x != str(ready) else str(s_ready) for x in cmd[:cmd.index("--peers")]]
+                    s_cmd[s_cmd.index("--listen") + 1] = standby_listen
+                    s_cmd[s_cmd.index("--log-file") + 1] = str((state_dir / "logs" / f"{s_name}.log").resolve())
+                    s_cmd += ["--state-file", str((state_dir / f"master-{slug}-standby.sqlite").resolve()),
+                              "--peers", ""]  # the master's address, once it is ready
+                    deferred.append({"name": s_name, "role": "standby", "level": lv, "ready": str(s_ready),
+                                     "cmd": s_cmd, "env": {}, "of": name})
             else:
-                cmd += ["--spark-master", spark_master]
+                if spark_master:  # else the worker takes its level's [groups."L"] spark_master (default local[1])
+                    cmd += ["--spark-master", spark_master]
                 if load_reading:
                     cmd += ["--load-reading", load_reading]
                 if warm_file is not None:
@@ -163,7 +187,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                 if stagger and previous is not None:
                     cmd += ["--start-after", str(previous)] + (["--start-lazily"] if lazy else [])
                 previous = ready
-            log = open(state_dir / "logs" / f"{name}.log", "ab")
+            log = open_private_log(state_dir / "logs" / f"{name}.log")
             env = None
             if role == "worker" and worker_env and int(name.rsplit("-", 1)[1]) in worker_env:
                 env = {**os.environ, **worker_env[int(name.rsplit("-", 1)[1])]}
@@ -173,13 +197,30 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                           "env": (env or {}) and {k: v for k, v in env.items() if k.startswith("STRATA_")}})
     record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs,
               "tls_dir": str(tls_path.resolve()) if tls else None}
-    (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
+    write_private(state_dir / "cluster.json", json.dumps(record, indent=2))
     deadline = time.monotonic() + timeout
     pending = {p["name"] for p in procs}
     last = -1
     first = None
 
+    def start_standbys() -> None:
+        """Start each level's standby once its master is ready, as a standby of it."""
+        for d in list(deferred):
+            m = next(p for p in procs if p["name"] == d["of"])
+            if m["name"] in pending:
+                continue
+            deferred.remove(d)
+            d["cmd"][-1] = m["address"]
+            log = open_private_log(state_dir / "logs" / f"{d['name']}.log")
+            child = subprocess.Popen(d["cmd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+            procs.append({k: v for k, v in d.items() if k != "of"} | {"pid": child.pid})
+            pending.add(d["name"])
+            write_private(state_dir / "cluster.json", json.dumps(record, indent=2))  # stop_cluster finds it
+
     def enough() -> bool:
+        if deferred and wait != "first":
+            return False
         if not pending:
             return True
         if wait != "first":
@@ -200,6 +241,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                 pending.discard(p["name"])
                 if p["role"] == "worker" and first is None:
                     first = time.monotonic() - t_start
+                if deferred and p["role"] == "master":
+                    start_standbys()
             elif p["name"] in pending and not alive(p["pid"]):
                 stop_cluster(state_dir)
                 log = (state_dir / "logs" / f"{p['name']}.log").read_text(errors="replace")[-2000:]
@@ -212,13 +255,25 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     if not enough():
         stop_cluster(state_dir)
         raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
-    (state_dir / "cluster.json").write_text(json.dumps(record, indent=2))
-    return {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
-            "tls_dir": record["tls_dir"],
-            "seconds": {"first": None if first is None else round(first, 2),
-                        "all": None if pending else round(time.monotonic() - t_start, 2)},
-            "worker_ready_files": [p["ready"] for p in procs if p["role"] == "worker"],
-            "started_at": time.time() - (time.monotonic() - t_start)}
+    write_private(state_dir / "cluster.json", json.dumps(record, indent=2))
+    out = {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
+           "tls_dir": record["tls_dir"],
+           "seconds": {"first": None if first is None else round(first, 2),
+                       "all": None if pending else round(time.monotonic() - t_start, 2)},
+           "worker_ready_files": [p["ready"] for p in procs if p["role"] == "worker"],
+           "started_at": time.time() - (time.monotonic() - t_start)}
+    if standby:
+        out["standbys"] = {p["level"]: p.get("address") for p in procs if p["role"] == "standby"}
+    return out
+
+
+def _free_tcp_port() -> int:
+    """A TCP port free on loopback now (a standby's address is chosen before its master starts)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def workers_ready_after(started: dict) -> list[float | None]:
@@ -245,20 +300,21 @@ def restart_process(state_dir: Path, name: str, timeout: float = 120.0) -> dict:
     if p is None:
         raise CliError(f"no process {name!r} in {f}")
     if alive(p["pid"]):
-        raise CliError(f"{name} (pid {p['pid']}) is still running")
+        raise CliError(f"{name} (pid {p['pid']}) is still running; nothing to restart", EXIT_REJECTED)
     cmd = list(p["cmd"])
-    cmd[cmd.index("--listen") + 1] = p["address"]
+    if p.get("address"):  # its address again (one that never became ready picks a port as at its start)
+        cmd[cmd.index("--listen") + 1] = p["address"]
     if "--start-after" in cmd:  # a staggered start's order does not apply to a restart
         i = cmd.index("--start-after")
         del cmd[i:i + 2]
     ready = Path(p["ready"])
     ready.unlink(missing_ok=True)
-    log = open(state_dir / "logs" / f"{name}.log", "ab")
+    log = open_private_log(state_dir / "logs" / f"{name}.log")
     env = {**os.environ, **(p.get("env") or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env)
     p["pid"] = proc.pid
-    f.write_text(json.dumps(record, indent=2))
+    write_private(f, json.dumps(record, indent=2))
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if not alive(proc.pid):
@@ -283,6 +339,9 @@ def renew_master(state_dir: Path, level: str, timeout: float = 60.0) -> tuple[st
     p = next((x for x in record["processes"] if x["role"] == "master" and x["level"] == level), None)
     if p is None:
         raise CliError(f"the cluster in {state_dir} has no master of level {level}")
+    if any(x["role"] == "standby" and x["level"] == level for x in record["processes"]):
+        raise CliError(f"the cluster in {state_dir} runs a standby master of level {level} (strata up --standby): "
+                       f"a fresh master needs a cluster without one", EXIT_REJECTED)
     if alive(p["pid"]):
         try:
             os.killpg(p["pid"], signal.SIGTERM)
@@ -332,11 +391,64 @@ def stop_cluster(state_dir: Path, timeout: float = 15.0) -> int:
     return len(procs)
 
 
+def process_name(state_dir: Path, spec: str) -> str:
+    """The name in ``cluster.json`` of ``--restart``'s ``spec``: ``master:L``, ``master:L:standby`` (``strata
+    up --standby``), ``worker:L:I`` (the level's I-th worker, from 0) or a process name as ``strata up``
+    recorded it (``master-S``, ``master-S-standby``, ``worker-S-1``)."""
+    from strata.groups import level_slug
+
+    f = state_dir / "cluster.json"
+    if not f.exists():
+        raise CliError(f"no cluster in {state_dir} (no cluster.json; start one with `strata up`)")
+    names = [p["name"] for p in json.loads(f.read_text())["processes"]]
+    role, _, rest = spec.partition(":")
+    if role == "master" and rest.endswith(":standby"):  # master:S:standby: the level's standby master
+        name = f"master-{level_slug(rest[:-len(':standby')])}-standby"
+    elif role in ("master", "worker") and rest:
+        level, _, index = rest.partition(":") if role == "worker" else (rest, "", "")
+        if role == "worker" and not index.isdigit():
+            raise CliError(f"--restart {spec}: a worker is worker:LEVEL:INDEX (e.g. worker:S:0)", EXIT_REJECTED)
+        name = f"master-{level_slug(level)}" if role == "master" else f"worker-{level_slug(level)}-{int(index)}"
+    else:
+        name = spec
+    if name not in names:
+        raise CliError(f"--restart {spec}: no process {name} in {f} (there: {', '.join(names)})", EXIT_REJECTED)
+    return name
+
+
 def cmd_up(args) -> int:
+    if args.restart:
+        return cmd_restart(args)
+    missing = [f"--{k}" for k in ("config", "levels") if not getattr(args, k)]
+    if missing:
+        raise CliError(f"strata up needs {' and '.join(missing)} (or --restart PROCESS)", EXIT_REJECTED)
     levels = parse_levels(config_of(args), args.levels)
     out = start_cluster(args.config, levels, args.workers, Path(args.state_dir), args.chunk_seconds,
-                        args.multicast_port or None, tls=not args.insecure)
-    print(json.dumps({k: out[k] for k in ("masters", "tls_dir", "seconds")}))
+                        args.multicast_port or None, tls=not args.insecure, standby=args.standby)
+    print(json.dumps({k: out[k] for k in ("masters", "standbys", "tls_dir", "seconds") if k in out}))
+    return EXIT_OK
+
+
+def cmd_restart(args) -> int:
+    """``strata up --state-dir DIR --restart master:S``: start a process of a running cluster that died
+    (the OOM killer, a kill -9) again, with its recorded command line on its recorded address.  A master
+    restores its queries, sessions, input and producers' marks from its event log, so clients resume
+    (``strata ingest`` from its first unacknowledged batch, ``strata query`` after its last instant)."""
+    state_dir = Path(args.state_dir)
+    out = []
+    for spec in args.restart:
+        name = process_name(state_dir, spec)
+        pid = next(p["pid"] for p in json.loads((state_dir / "cluster.json").read_text())["processes"]
+                   if p["name"] == name)
+        if alive(pid):
+            raise CliError(f"{name} (pid {pid}) is still running; nothing to restart", EXIT_REJECTED)
+        t0 = time.monotonic()
+        progress(f"restarting {name}")
+        p = restart_process(state_dir, name)
+        out.append({"name": name, "address": p.get("address"), "pid": p["pid"],
+                    "seconds": round(time.monotonic() - t0, 2)})
+        progress(f"{name} serving at {p.get('address')} again (pid {p['pid']})")
+    print(json.dumps({"restarted": out}))
     return EXIT_OK
 
 
@@ -347,15 +459,23 @@ def cmd_down(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    up = sub.add_parser("up", help="start an embedded local cluster in the background")
-    up.add_argument("--config", required=True)
-    up.add_argument("--levels", required=True, help="comma-separated levels, one group each")
+    up = sub.add_parser("up", help="start an embedded local cluster in the background (or restart one of its "
+                                   "processes: --restart)")
+    up.add_argument("--config", help="the deployment's configuration (not with --restart)")
+    up.add_argument("--levels", help="comma-separated levels, one group each (not with --restart)")
     up.add_argument("--workers", type=int, default=default_workers(),
                     help="workers per level (default: one per core, at most 2)")
     up.add_argument("--state-dir", required=True)
     up.add_argument("--chunk-seconds", type=float, default=1.0)
     up.add_argument("--multicast-port", type=int, default=0)
     up.add_argument("--insecure", action="store_true", help="no TLS (development only)")
+    up.add_argument("--standby", action="store_true",
+                    help="also a standby master per level: it follows the master's event log and takes over when it "
+                         "dies (printed under \"standbys\"; restart it with --restart master:LEVEL:standby)")
+    up.add_argument("--restart", action="append", metavar="PROCESS",
+                    help="start a dead process of the cluster in --state-dir again on its address: master:LEVEL, "
+                         "master:LEVEL:standby, worker:LEVEL:INDEX or its recorded name (repeat for several); a master resumes from its "
+                         "event log, its clients reconnect")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop what `strata up` started in a state dir")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from strata.commands import (EXIT_FAILED, check_inputs, client_call, client_tls, drop_above, fmt_value,
-                             instant_batches, login, parse_inputs, register_queries)
+                             instant_batches, login, parse_inputs, read_password, register_queries)
 from strata.errors import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
 from strata.serving import progress
 
@@ -44,6 +44,24 @@ def tls_cache() -> Path | None:
         return None
 
 
+def _check_queries(cfg, queries: list[str], level: str | None, embedded: bool) -> None:
+    """Each query text refused offline before a cluster starts for nothing, with the master's own one
+    line and exit 2: compiled at the session's level for the embedded cluster (its master has this
+    config and level); parsed only for another master (its streams may differ from this config),
+    which still applies the bounds of text, nesting and expressions (strata/mlscql/limits.py)."""
+    from strata.mlscql import QueryError, compile_query, parse
+
+    for i, text in enumerate(queries):
+        try:
+            if embedded and level:
+                compile_query(text, cfg, level)
+            else:
+                parse(text)
+        except QueryError as e:
+            prefix = f"query {i + 1}: " if len(queries) > 1 else ""
+            raise CliError(prefix + str(e), EXIT_REJECTED) from None
+
+
 def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
            workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None, tls_dir: str | None = None,
            timings: dict | None = None, cluster: str | None = None) -> int:
@@ -67,14 +85,13 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             raise CliError(f"--level: {e}", EXIT_REJECTED) from None
     if cluster is not None and level is None:
         raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
-    if master is None and cluster is None:  # the embedded master reads this users file: an unknown user
-        from strata.users import UserStore  # is refused before a cluster starts for nothing
-
-        u = UserStore(cfg.users_path, cfg.lattice).load().get(user)
-        if u is None or getattr(u, "clearance", None) is None:
-            raise CliError("login failed: unknown user or wrong password", EXIT_LOGIN)
-        level = level or u.clearance
+    password = None
+    if master is None:  # the embedded or renewed master reads this users file: the credentials are checked
+        password = read_password()  # here first, so a wrong password starts (or replaces) nothing
+        principal = check_credentials(cfg, user, password, level)
+        level = level or principal.level
     check_inputs(cfg, inputs)  # a mistyped spec or path: said before anything starts
+    _check_queries(cfg, queries, level, embedded=master is None and cluster is None)
     reader = InputReader(cfg, inputs, level)  # reads while the cluster starts
     reader.start()
     tmp = None
@@ -115,7 +132,7 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         raise
     out_t["read"], out_t["read_wait"] = reader.seconds, round(time.monotonic() - t_wait, 3)
     try:
-        c = login(master, user, level or "", tls_dir)
+        c = login(master, user, level or "", tls_dir, password=password)
         regs = register_queries(c, queries)
         results: dict[str, list] = {r.query_id: [] for r in regs}
         error: list[BaseException] = []
@@ -177,6 +194,33 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             if ok:  # after a failure the logs stay (the error names the directory's processes)
                 shutil.rmtree(tmp, ignore_errors=True)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def check_credentials(cfg, user: str, password: str, level: str | None):
+    """The user's principal at ``level`` (default: the clearance) if ``password`` is right, checked
+    against the configuration's users file before anything starts, with a master's login throttling
+    (strata/throttle.py) kept in ``<users file>.failures`` so that it holds across runs; else one line,
+    exit 3.  Costs one argon2 check (~0.1 s), as a master's login does."""
+    from strata.throttle import LOGIN_FAILED, MAX_PASSWORD, FileThrottle, LoginThrottle
+    from strata.users import AuthError, UserStore
+
+    store = UserStore(cfg.users_path, cfg.lattice)
+    throttle = FileThrottle(cfg.users_path.with_name(cfg.users_path.name + ".failures"))
+    try:
+        try:
+            keys = throttle.take(user, None)
+        except AuthError:
+            raise
+        except OSError:  # the users file's directory is read-only here: this run's own count only
+            throttle = LoginThrottle()
+            keys = throttle.take(user, None)
+        if len(password or "") > MAX_PASSWORD:  # no user has one: no argon2 work
+            raise AuthError(LOGIN_FAILED)
+        principal = store.authenticate(user, password, level)
+    except AuthError as e:
+        raise CliError(str(e), EXIT_LOGIN) from None
+    throttle.give_back(keys)
+    return principal
 
 
 class InputReader(threading.Thread):
@@ -267,7 +311,8 @@ def add_parsers(sub) -> None:
                         "cores per worker a later one starts only once the run has lasted as long as the start-up "
                         "before it, STRATA_WORKERS_START=together: all from the start)")
     r.add_argument("--chunk-seconds", type=float, default=1.0)
-    r.add_argument("--master", help="replay into this running master (its input is finished afterwards)")
+    r.add_argument("--master", help="replay into this running master (its input is finished afterwards); or the "
+                                    "level's masters a:port,b:port (an active one and its standbys)")
     r.add_argument("--cluster", metavar="STATE_DIR",
                    help="replay into the running `strata up` cluster of STATE_DIR: a fresh master of --level, its "
                         "workers already warm (the fast path for repeated runs; the user needs the analyst and "

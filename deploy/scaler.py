@@ -4,14 +4,17 @@ One scaler per level.  It
 
 1. pins itself to the level's CPU set if the configuration has one (so its Ray
    cluster and every worker it starts inherit the set: :mod:`strata.cpusets`);
-2. starts a private Ray head for the level (:class:`LevelRayCluster`: own
-   namespace, temp dir, token, loopback only);
+2. starts or joins the level's Ray cluster (:class:`LevelRayCluster`: own namespace,
+   temp dir, token; loopback only on one host, or -- with ``node_ip``/``ray_address`` --
+   a cluster across the level's hosts with Ray's mutual TLS under a per-level CA, every
+   listener on the level's addresses);
 3. every ``interval`` seconds reads the master's ``Status`` (logged in as an
    operator user of the master's level), turns it into an
    :class:`~strata.deploy.scaler_policy.Observation`, asks the
    :class:`~strata.deploy.scaler_policy.ScalingPolicy` and applies the decision
-   through the :class:`WorkerPool` (start workers / drain one), logging every
-   decision with its reason;
+   through the :class:`WorkerPool` (start workers -- Ray places each on a node of the
+   level's cluster with a free CPU, and the worker listens on that node's address --
+   or drain one), logging every decision with its reason;
 4. on SIGTERM/SIGINT (or exit) stops its workers and the Ray cluster.
 
 Workers it starts join the group like any other (multicast heartbeats with the
@@ -73,11 +76,17 @@ class ScalerOptions:
     multicast_port: int | None = None
     tls_dir: str | None = None
     insecure: bool = False
-    spark_master: str = "local[1]"
+    spark_master: str | None = None     # None: the workers use their level's Spark settings (the config)
     load_reading: str | None = "process"  # the workers' Algorithm 5 reading (worker/load.py)
-    listen: str = "127.0.0.1:0"
+    listen: str | None = None           # None: the address of the node a worker lands on, port 0
     worker_cpus: float = 1.0            # Ray CPUs per worker actor
-    ray_cpus: int | None = None         # the level's Ray cluster size (default max × worker_cpus)
+    ray_cpus: int | None = None         # CPUs this host's node offers (default max × worker_cpus; head: may be 0)
+    node_ip: str | None = None          # this host's address on the level's network: a multi-host cluster
+    ray_address: str | None = None      # HEAD:PORT of an existing level cluster to join (else the config's)
+    ray_port: int | None = None         # the level's base Ray port (default: config or per-level default)
+    ray_worker_ports: int = 40          # ports for Ray's worker processes on this node
+    placement: str = "spread"           # spread | pack (Ray's SPREAD or DEFAULT strategy)
+    bind_any: bool = False              # accept Ray's wildcard listeners (no bind shim)
     start_timeout: float = 300.0
     stop_grace: float = 15.0
     join_timeout: float = 30.0          # a ready worker must appear in the master's table within this
@@ -109,6 +118,8 @@ class Scaler:
         self.stop_event = threading.Event()
         self.tls_dir = self._tls_dir()
         self.multicast_port = opts.multicast_port or self._cluster_port()
+        self._nodes: list[dict] = []
+        self._nodes_at = -1e9
 
     # -- set-up ------------------------------------------------------------------------------------
     def _tls_dir(self) -> str | None:
@@ -164,7 +175,7 @@ class Scaler:
         """Lock, log in, pin, start the level's Ray cluster and the pool; ``after_ray()`` right after ray.init."""
         from strata.cpusets import format_cpus, pin_current_process
 
-        from .ray_pool import LevelRayCluster, WorkerPool, worker_command
+        from .ray_pool import WorkerPool
 
         self._lock()
         self.login()  # fail fast on a wrong password or master
@@ -174,24 +185,58 @@ class Scaler:
         cpus = pin_current_process(self.level, self.cfg)
         if cpus is not None:
             log.info("pinned to CPUs %s (level %s); Ray and the workers inherit them", format_cpus(cpus), self.level)
-        s = self.opts.settings
-        ray_cpus = self.opts.ray_cpus or max(1, int(round(s.max_workers * self.opts.worker_cpus)))
-        self.cluster = LevelRayCluster(self.level, self.state_dir, ray_cpus)
+        self.cluster = self.make_cluster()
         info = self.cluster.start()
         if after_ray is not None:
             after_ray()
-        log.info("Ray cluster of level %s: gcs %s, namespace %s, temp dir %s, %d CPUs", self.level,
-                 info.get("gcs_address"), self.cluster.namespace, self.cluster.temp_dir, ray_cpus)
-
-        def command(ready_file):
-            return worker_command(self.opts.config, self.level, self.state_dir, ready_file, listen=self.opts.listen,
-                                  multicast_port=self.multicast_port, spark_master=self.opts.spark_master,
-                                  tls_dir=self.opts.tls_dir if self.tls_dir else None, insecure=self.opts.insecure,
-                                  load_reading=self.opts.load_reading)
-
-        self.pool = WorkerPool(self.level, self.state_dir, command, actor_cpus=self.opts.worker_cpus,
+        log.info("Ray cluster of level %s (%s): gcs %s, node %s, namespace %s, temp dir %s, %s, up after %.1f s",
+                 self.level, self.cluster.mode, info.get("gcs_address"), info.get("node_ip_address"),
+                 self.cluster.namespace, self.cluster.temp_dir,
+                 "joined through this host's node" if self.cluster.mode == "join"
+                 else f"{self.cluster.num_cpus} CPUs here", info.get("started_in") or 0.0)
+        spec = {"config": str(Path(self.opts.config).resolve()), "state_dir": str(self.state_dir),
+                "tls_dir": self.opts.tls_dir if self.tls_dir else None, "insecure": self.opts.insecure,
+                "multicast_port": self.multicast_port, "spark_master": self.opts.spark_master,
+                "load_reading": self.opts.load_reading, "listen": self.opts.listen}
+        # the level's multicast group as `strata deploy` sets it; each worker's interface is its node's address
+        env = {k: os.environ[k] for k in ("STRATA_GROUP_ADDRESS", "STRATA_GROUP_TTL") if os.environ.get(k)}
+        self.pool = WorkerPool(self.level, self.state_dir, spec, actor_cpus=self.opts.worker_cpus, env=env,
                                start_timeout=self.opts.start_timeout, stop_grace=self.opts.stop_grace,
-                               clock=self.clock)
+                               placement=self.opts.placement, clock=self.clock)
+
+    def ray_settings(self) -> dict:
+        """Where the level's Ray cluster is: ``node_ip``, ``address`` (to join), ``port`` (base)."""
+        from .ray_pool import check_node_ip, default_ray_port
+
+        groups = (self.cfg.sections.get("groups") or {}).get(self.level) or {}
+        address = self.opts.ray_address or groups.get("ray_address") or None
+        node_ip = check_node_ip(self.opts.node_ip) if self.opts.node_ip else None
+        if address and not node_ip:
+            raise RuntimeError(f"joining the level's Ray cluster at {address} needs --node-ip: this host's address "
+                               f"on the level's network (where this host's `strata scale node` runs)")
+        port = self.opts.ray_port or default_ray_port(self.cfg, self.level)
+        if address:
+            try:
+                port = int(str(address).rsplit(":", 1)[1])
+            except (IndexError, ValueError):
+                raise RuntimeError(f"Ray address {address!r} is not HOST:PORT") from None
+        return {"node_ip": node_ip, "address": address, "port": port}
+
+    def make_cluster(self):
+        from .ray_pool import LevelRayCluster
+
+        s = self.opts.settings
+        r = self.ray_settings()
+        ray_cpus = self.opts.ray_cpus
+        if ray_cpus is None:
+            ray_cpus = max(1, int(round(s.max_workers * self.opts.worker_cpus)))
+        if ray_cpus < 0 or (ray_cpus == 0 and not r["node_ip"]):
+            raise RuntimeError("--ray-cpus 0 leaves no CPU for workers on a single-host cluster; with --node-ip the "
+                               "head may offer none (workers then go to the other hosts' nodes)")
+        return LevelRayCluster(self.level, self.state_dir, ray_cpus, node_ip=r["node_ip"], address=r["address"],
+                               port=r["port"] if r["node_ip"] else None, worker_ports=self.opts.ray_worker_ports,
+                               bind_any=self.opts.bind_any, config=self.opts.config,
+                               tls_dir=self.opts.tls_dir if self.tls_dir else None)
 
     # -- the loop -----------------------------------------------------------------------------------
     def status(self):
@@ -205,8 +250,25 @@ class Scaler:
                 return self.client.status()
             raise
 
+    def watch_nodes(self, now: float, every: float = 5.0) -> None:
+        """Log Ray nodes of the level joining and leaving (every ``every`` s)."""
+        if now - self._nodes_at < every:
+            return
+        self._nodes_at = now
+        try:
+            nodes = self.cluster.nodes()
+        except Exception as e:  # noqa: BLE001 - the GCS busy: next time
+            log.debug("ray.nodes(): %s", e)
+            return
+        before = {(n["ip"], n["alive"]) for n in self._nodes}
+        for n in nodes:
+            if (n["ip"], n["alive"]) not in before:
+                log.info("Ray node %s %s (%g CPUs)", n["ip"], "up" if n["alive"] else "gone", n["cpus"])
+        self._nodes = nodes
+
     def tick(self) -> Decision:
         now = self.clock()
+        self.watch_nodes(now)
         for line in self.pool.refresh():
             log.info("%s", line)
         st = self.status()
@@ -259,8 +321,13 @@ class Scaler:
         rec = {
             "pid": os.getpid(), "level": self.level, "master": self.opts.master, "updated": time.time(),
             "ray": {"gcs_address": (self.cluster.info if self.cluster else {}).get("gcs_address"),
+                    "mode": self.cluster.mode if self.cluster else None,
+                    "node_ip": (self.cluster.info if self.cluster else {}).get("node_ip_address"),
                     "namespace": self.cluster.namespace if self.cluster else None,
-                    "temp_dir": str(self.cluster.temp_dir) if self.cluster else None},
+                    "temp_dir": str(self.cluster.temp_dir) if self.cluster else None,
+                    "ports": (self.cluster.info if self.cluster else {}).get("ports"),
+                    "started_in": (self.cluster.info if self.cluster else {}).get("started_in"),
+                    "nodes": self._nodes},
             "workers": self.pool.snapshot() if self.pool else [],
             "decision": {"delta": d.delta, "reason": d.reason, "drain": list(d.drain)} if d else None,
             "observed": {"workers": len(obs.live), "starting": obs.starting, "backlog": obs.backlog_chunks,

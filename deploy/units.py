@@ -8,6 +8,11 @@ multicast settings in its environment (read by :func:`strata.groups.group_spec`)
     STRATA_GROUP_INTERFACE=10.0.0.7     the host's interface: IP_MULTICAST_IF and the join
     STRATA_GROUP_TTL=1                  hops heartbeats may cross
 
+A worker's Spark is its level's (the config's ``[groups."L"] spark_master``, read by the
+worker itself): no ``--spark-master`` is passed; only a deprecated ``[deployment]
+spark_master`` of the inventory is handed, as ``STRATA_SPARK_MASTER``, to workers of
+levels whose config names no Spark master.
+
 Under systemd the same settings live in one environment file per instance
 (``/etc/strata/worker-S-0.env`` for ``strata-worker@S-0``), and the unit
 templates in ``deploy/systemd/`` are rendered per host (interpreter, state dir,
@@ -17,12 +22,14 @@ service user); see ``docs/deploy.md``.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path, PurePosixPath
 
 from .inventory import Host, Inventory, Proc
 
 __all__ = ["TEMPLATE_DIR", "TEMPLATES", "tls_supported", "process_argv", "process_env", "env_file_text",
-           "render_units", "render_env_files", "render_host", "write_rendered", "tls_files_for", "key_files_for"]
+           "render_units", "render_env_files", "render_host", "write_rendered", "tls_files_for", "key_files_for",
+           "spark_secret_files_for", "spark_secret_source", "PLAN_ENV"]
 
 TEMPLATE_DIR = Path(__file__).with_name("systemd")
 TEMPLATES = ("strata-master@.service", "strata-worker@.service", "strata.target")
@@ -63,10 +70,17 @@ def process_env(inv: Inventory, host: Host, proc: Proc) -> dict[str, str]:
         "PYARROW_IGNORE_TIMEZONE": "1",
     }
     if proc.role == "worker":
-        env["STRATA_SPARK_MASTER"] = inv.spark_master
+        spark_master = inv.spark_master_env(proc.level)  # (deprecated; only for a level the config leaves unset)
+        if spark_master:
+            env["STRATA_SPARK_MASTER"] = spark_master
     else:
         env["STRATA_CHUNK_SECONDS"] = repr(inv.chunk_seconds)
     return env
+
+
+#: the part of :func:`process_env` a process started without systemd gets in its environment
+PLAN_ENV = ("STRATA_GROUP_ADDRESS", "STRATA_GROUP_INTERFACE", "STRATA_GROUP_TTL", "STRATA_SPARK_MASTER",
+            "PYARROW_IGNORE_TIMEZONE")
 
 
 def process_argv(inv: Inventory, host: Host, proc: Proc) -> list[str]:
@@ -75,9 +89,7 @@ def process_argv(inv: Inventory, host: Host, proc: Proc) -> list[str]:
     argv = [host.python, "-m", "strata", proc.role, "--config", host.config, "--level", proc.level,
             "--listen", env["STRATA_LISTEN"], "--state-dir", host.state_dir,
             "--multicast-port", env["STRATA_MULTICAST_PORT"], "--ready-file", env["STRATA_READY_FILE"]]
-    if proc.role == "worker":
-        argv += ["--spark-master", inv.spark_master]
-    else:
+    if proc.role == "master":  # (a worker's Spark: its level's, from the config; no --spark-master)
         argv += ["--chunk-seconds", env["STRATA_CHUNK_SECONDS"]]
     return argv + _extra_args(inv)
 
@@ -85,8 +97,7 @@ def process_argv(inv: Inventory, host: Host, proc: Proc) -> list[str]:
 def group_env(inv: Inventory, host: Host, proc: Proc) -> dict[str, str]:
     """The part of :func:`process_env` the process reads from its environment (not its argv)."""
     env = process_env(inv, host, proc)
-    return {k: env[k] for k in ("STRATA_GROUP_ADDRESS", "STRATA_GROUP_INTERFACE", "STRATA_GROUP_TTL",
-                                "PYARROW_IGNORE_TIMEZONE")}
+    return {k: env[k] for k in PLAN_ENV if k in env}
 
 
 def _env_quote(v: str) -> str:
@@ -117,10 +128,15 @@ def render_units(inv: Inventory, host: Host) -> dict[str, str]:
     return out
 
 
-def render_env_files(inv: Inventory, host: Host) -> dict[str, str]:
-    """One environment file per instance of this host: remote path → text."""
+def render_env_files(inv: Inventory, host: Host, procs: list[Proc] | None = None) -> dict[str, str]:
+    """One environment file per instance of this host: remote path → text.
+
+    ``procs``: the host's processes with the ports ``strata deploy up`` fixed for them
+    (a port 0 of the inventory replaced by the one the host keeps for the process), so
+    that a unit restarted by systemd listens on the same address; default: the
+    inventory's ports (``strata deploy units``: 0 stays 0)."""
     out = {}
-    for p in host.processes(inv):
+    for p in (host.processes(inv) if procs is None else procs):
         path = str(PurePosixPath(inv.env_dir, f"{p.role}-{p.instance}.env"))
         out[path] = env_file_text(process_env(inv, host, p),
                                   f"{p.unit} on {host.name} (deployment {inv.name}; written by strata deploy)")
@@ -148,6 +164,20 @@ def key_files_for(inv: Inventory, host: Host) -> dict[str, Path]:
     """Group keys a host needs (remote path → operator's file): its own levels' only."""
     return {host.path("keys", f"{inv.levels[lv].slug}.key"): inv.secrets / "keys" / f"{inv.levels[lv].slug}.key"
             for lv in host.levels}
+
+
+def spark_secret_source(inv: Inventory, level: str) -> Path:
+    """The operator's copy of ``level``'s ``spark_secret_file`` (relative to the operator's config)."""
+    return Path(os.path.abspath(inv.config_path.resolve().parent / inv.spark_secret_paths[level]))
+
+
+def spark_secret_files_for(inv: Inventory, host: Host) -> dict[str, Path]:
+    """Spark secrets a host needs (remote path → operator's file): ``[groups."L"] spark_secret_file``
+    of each level it runs **workers** of, at the path the host's config names (relative to the
+    host's config file).  Master-only hosts and hosts of other levels never receive it; the Spark
+    daemons' hosts get the secret inside their properties file instead (deploy/spark_daemons.py)."""
+    return {inv.spark_secret_remote(host, lv): spark_secret_source(inv, lv)
+            for lv in host.levels if host.workers[lv] and lv in inv.spark_secret_paths}
 
 
 def tls_files_for(inv: Inventory, host: Host) -> dict[str, Path]:

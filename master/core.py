@@ -52,6 +52,7 @@ from strata.chunking.chunker import ChunkingError, merge_chunks, split_result
 from strata.chunking.model import Chunk, ChunkResult
 from strata.chunking.prune import new_rows, work_rows
 from strata.config import Config
+from strata.edge import EdgeError, conform, stream_targets
 
 from . import checkpoint
 from .dispatch import Dispatcher
@@ -268,6 +269,18 @@ class MasterCore:
         self.queries[qid] = info
         return info
 
+    def _restart_query(self, qid: str, text: str, user: str) -> None:
+        """A logged registration again (restore).  A query this version no longer accepts (a limit
+        tightened since it was registered: tests/test_query_depth.py) comes back failed, with its one
+        line, instead of stopping the master from starting; the other queries go on."""
+        from strata.mlscql import QueryError
+
+        try:
+            self._start_query(qid, text, user)
+        except QueryError as e:
+            self.queries[qid] = QueryInfo(qid, text, user, text, "", [], ended=True, revoked_after=-1, state="failed",
+                                          error=f"no longer accepted by this version of Strata: {one_line(e)}")
+
     def _stop_query(self, qid: str, revoked_after: int | None, state: str, error: str = "") -> None:
         """Stop ``qid`` after instant ``revoked_after``: chunks cut from now on do not carry it,
         results of chunks already cut are still released up to that instant."""
@@ -331,9 +344,13 @@ class MasterCore:
         the same declaration again changes nothing; another one for an existing name, or a bad one,
         raises :class:`Refused` (``bad_stream``) with one line."""
         from strata.config import StreamError, stream_of, with_streams
+        from strata.names import MAX_NAME_CHARS
 
         with self.cond:
             have = self.config.stream(name) if isinstance(name, str) else None
+            if have is not None and have.relation:
+                raise Refused(f"{have.name} is a stored relation ([relations.{have.name}]); a stream cannot take its "
+                              f"name (streams and relations share one namespace)", "bad_stream")
             if have is not None:
                 if have.name == name and list(have.columns) == [tuple(c) for c in columns]:
                     return self._stream_view(have), False
@@ -342,7 +359,8 @@ class MasterCore:
             try:
                 schema = stream_of(name, [tuple(c) for c in columns], self.config.streams)
             except StreamError as e:
-                raise Refused(f"stream {name}: {e}" + (f" ({e.key})" if e.key else ""), "bad_stream") from None
+                shown = name if isinstance(name, str) and len(name) <= MAX_NAME_CHARS else "(name)"
+                raise Refused(f"stream {shown}: {e}" + (f" ({e.key})" if e.key else ""), "bad_stream") from None
             if log:
                 self._log([("stream", {"name": schema.name, "columns": [list(c) for c in schema.columns]}, None)],
                           what="stream")
@@ -412,7 +430,7 @@ class MasterCore:
                 n |= {"checkpoint": after, "queries": len(self.queries), "chunks": len(snap.chunks)}
             for ev in self.store.events(after=after):
                 if ev.kind == "register":
-                    self._start_query(ev.body["query_id"], ev.body["text"], ev.body["owner"])
+                    self._restart_query(ev.body["query_id"], ev.body["text"], ev.body["owner"])
                     top = max(top, _query_number(ev.body["query_id"]))
                     n["queries"] += 1
                 elif ev.kind == "remove":
@@ -529,7 +547,8 @@ class MasterCore:
         """One producer batch, whole or not at all: its rows (``table``; None: an advance only), then
         its advance (close the instants up to ``advance_upto``).
 
-        Order: the stream name and the shepherd (outside the lock), the limits, then under the lock
+        Order: the edge (encoded columns sized as decoded, then decoded: :meth:`_conform`), the stream
+        name and the shepherd (outside the lock), the limits, then under the lock
         every check of the chunker and of the advance; then the batch (kept rows, advance) and
         ``producer``'s new high-water mark ``seq`` are written to the event log in one transaction;
         only then is it applied.  A batch that cannot be logged is refused with nothing applied.
@@ -542,6 +561,7 @@ class MasterCore:
             raise Refused(f"batch seq {seq!r} of producer {producer}: must be an integer from 1", "bad_seq")
         name, kept, dropped = stream, None, 0
         if table is not None:
+            table = self._conform(stream, table)
             try:
                 name, kept, dropped = self.pipeline.screen(stream, table, source_level)
             except ChunkingError as e:
@@ -583,6 +603,25 @@ class MasterCore:
                 self.producers[producer] = max(seq, self.producers.get(producer, 0))
             chunks = self._advance(advance_upto, False, log=False) if advance_upto is not None else 0
             return BatchOutcome(accepted, dropped, chunks)
+
+    def _conform(self, stream: str, table: pa.Table) -> pa.Table:
+        """The batch with its encoded columns (dictionary, run-end, views, large strings) decoded to the
+        stream's types, so the shepherd, the limits, the log and the chunker see plain columns only;
+        refused (``bad_type``, ``oversized``) if a column's type is not accepted or the columns would
+        decode to more than the transport's cap: sizes are those after decoding, counted first
+        (:mod:`strata.edge`).  An unknown stream is left to the pipeline's message."""
+        schema = self.config.stream(stream) if isinstance(stream, str) else None
+        if schema is None:
+            return table
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if not isinstance(table, pa.Table):
+            return table  # not Arrow: the chunker says it cannot read it
+        try:
+            return conform(table, stream_targets(schema), 2 * MAX_INGEST_BYTES, f"{schema.kind} {schema.name}")
+        except EdgeError as e:
+            self.count_rejected(e.reason)
+            raise Refused(str(e), e.reason) from None
 
     def _log(self, events: list, producer: str | None = None, seq: int = 0, what: str = "batch") -> None:
         """Write events (and a producer's high-water mark) in one transaction, or refuse (counted

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from strata.config import config_of
-from strata.errors import EXIT_OK, CliError
-from strata.serving import add_process_options, exit_now, group_spec_of, progress, ready_writer, server_tls
+from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
+from strata.serving import add_process_options, exit_now, group_spec_of, progress, ready_writer, server_tls, \
+    start_logging
 
 __all__ = ["cmd_master", "add_parsers"]
 
@@ -16,7 +17,12 @@ def cmd_master(args) -> int:
     from strata.master.store import StateMismatch
     from strata.users import UserStore
 
+    start_logging(args)
     cfg = config_of(args)
+    peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
+    if peers and (args.no_persist or not (args.state_dir or args.state_file)):
+        raise CliError("--peers needs a state file (--state-dir or --state-file): a standby copies the active "
+                       "master's event log into it", EXIT_REJECTED)
     from strata.cpusets import pin_current_process
     pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only
     tls_dir = server_tls(args, cfg, "master")
@@ -24,7 +30,9 @@ def cmd_master(args) -> int:
     users = UserStore(cfg.users_path, cfg.lattice)
     chunk_instants = max(1, round(args.chunk_seconds / cfg.instant_seconds))
     state_path = None
-    if args.state_dir and not args.no_persist:
+    if args.state_file and not args.no_persist:
+        state_path = Path(args.state_file)
+    elif args.state_dir and not args.no_persist:
         from strata.groups import level_slug
 
         state_path = Path(args.state_dir) / f"master-{level_slug(cfg.lattice.parse(args.level))}.sqlite"
@@ -33,9 +41,19 @@ def cmd_master(args) -> int:
     if args.owner:
         progress(f"user {args.owner} has every role on this master (--owner)")
     try:
-        serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
-                     ready=ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path,
-                     owner=args.owner or None)
+        if peers:  # a standby of the active one, or the active one its standbys follow (master/standby.py)
+            from strata.master.standby import Fenced, serve_replicated
+
+            try:
+                serve_replicated(cfg, args.level, args.listen, spec, users, peers, state_path,
+                                 chunk_instants=chunk_instants, ready=ready_writer(args.ready_file, "master"),
+                                 tls_dir=tls_dir, owner=args.owner or None, takeover_seconds=args.takeover_seconds)
+            except Fenced as e:
+                raise CliError(str(e)) from None
+        else:
+            serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
+                         ready=ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path,
+                         owner=args.owner or None)
     except StateMismatch as e:  # the state file belongs to another level or configuration
         raise CliError(str(e)) from None
     exit_now(EXIT_OK)
@@ -51,5 +69,13 @@ def add_parsers(sub) -> None:
     m.add_argument("--owner", metavar="USER",
                    help="a user who has every role on this master (a private master of one user's embedded "
                         "run; others have the users file's roles)")
+    m.add_argument("--peers", metavar="HOST:PORT,...",
+                   help="the level's other masters (standby masters, docs/operations.md): this master follows the "
+                        "active one as its standby and takes over when it dies, or is the active one they follow")
+    m.add_argument("--state-file", metavar="PATH",
+                   help="the state file (default STATE_DIR/master-<level>.sqlite; a standby on the same host needs "
+                        "its own)")
+    m.add_argument("--takeover-seconds", type=float, default=2.0,
+                   help="with --peers: how long the active master may not answer before a standby in sync takes over")
     m.set_defaults(func=cmd_master)
 

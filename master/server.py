@@ -34,6 +34,7 @@ from strata.mlscql import QueryError
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import AuthError
+from strata.logs import RepeatLimiter
 from strata.serving import MAX_MESSAGE, run_until_stopped
 from strata.groups import execute_digest, execute_wire
 
@@ -44,9 +45,12 @@ from .pipeline import one_line
 from .sessions import RoleError, Sessions, dominates
 
 __all__ = ["MasterServicer", "AioMaster", "MasterServer", "StreamLimits", "DispatchLoop", "UsersWatch", "serve_master",
+           "build_core", "client_tls", "MasterLoops", "warm_up",
            "MAX_INGEST_ROWS", "MAX_INGEST_BYTES", "DEFAULT_MAX_STREAMS_PER_SESSION", "DEFAULT_MAX_STREAMS_PER_USER"]
 
 log = logging.getLogger("strata.master")
+#: warnings of the loops (dispatch, results, heartbeats, the users file): once a minute each, with a count
+limited = RepeatLimiter(log)
 
 #: open Subscribe/Ingest/IngestStream streams per session and per user ([limits]; defaults)
 DEFAULT_MAX_STREAMS_PER_SESSION = 8
@@ -114,6 +118,14 @@ class MasterServicer(rpc.MasterServicer):
         self.core = core
         self.sessions = sessions
         self.limits = limits if limits is not None else StreamLimits.of(core.config, core.count_rejected)
+        #: a master with standbys (master/standby.py): waits until the attached standbys confirmed every
+        #: write so far (bounded), called before a write is acknowledged; None: no standbys
+        self.replicate = None
+        self.extra_counters = None  # () -> dict: the replication's counters for operators
+
+    def _replicated(self) -> None:
+        if self.replicate is not None:
+            self.replicate()
 
     def _open_stream(self, context, session, call: str) -> None:
         why = self.limits.open(session, call)
@@ -146,20 +158,34 @@ class MasterServicer(rpc.MasterServicer):
             s = self.sessions.login(request.user, request.password, request.level, peer=context.peer())
         except AuthError as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+        self._replicated()  # the session is in the standby's copy before its token is given out
         return pb.LoginReply(token=s.token, level=s.principal.level, master_level=self.core.level,
                              roles=sorted(s.principal.roles))
 
     def Logout(self, request, context):
         md = dict(context.invocation_metadata())
         self.sessions.logout(md.get("authorization", "")[7:])
+        self._replicated()
         return pb.Empty()
 
     def Register(self, request, context):
+        """A client's query text never gets UNKNOWN: a refused query is INVALID_ARGUMENT with its one
+        line (limits.py bounds the text, the nesting and the expressions before anything recursive
+        runs); running out of stack anyway is refused the same way, anything else unexpected is
+        INTERNAL with one line, logged here once with its traceback."""
         s = self._require(context, ("analyst",), "Register")
         try:
             infos = self.core.register(s.principal.user, list(request.queries))
         except QueryError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))  # one line (QueryError)
+        except RecursionError:
+            log.warning("Register: a query of %s ran out of stack within the limits (refused)", s.principal.user)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit error: query too deeply nested to compile")
+        except Exception as e:  # noqa: BLE001 - a bug or a failing disk: one line to the client, the log has the rest
+            log.exception("Register failed for %s", s.principal.user)
+            context.abort(grpc.StatusCode.INTERNAL,
+                          one_line(f"master error while registering: {type(e).__name__}: {e}"))
+        self._replicated()
         return pb.RegisterReply(queries=[
             pb.RegisteredQuery(query_id=i.query_id, rewritten=i.rewritten, r2s=i.r2s, columns=i.columns)
             for i in infos
@@ -246,8 +272,10 @@ class MasterServicer(rpc.MasterServicer):
         producer = self._producer(s, batch)
         source = None if batch.labelled else s.principal.level
         upto = batch.advance_upto if batch.HasField("advance_upto") else None  # after this batch's rows
-        return self.core.ingest_batch(batch.stream, table, source, advance_upto=upto, producer=producer,
-                                      seq=int(batch.seq))
+        outcome = self.core.ingest_batch(batch.stream, table, source, advance_upto=upto, producer=producer,
+                                         seq=int(batch.seq))
+        self._replicated()  # acknowledged once the standbys stored it (a duplicate: once they have it)
+        return outcome
 
     def Ingest(self, request_iterator, context):
         token = self._token(context)
@@ -285,6 +313,7 @@ class MasterServicer(rpc.MasterServicer):
             n = self.core.advance(request.upto_ts, finish=request.finish)
         except Refused as e:
             context.abort(grpc.StatusCode.OUT_OF_RANGE, str(e))
+        self._replicated()
         return pb.AdvanceReply(chunks=n)
 
     def Cancel(self, request, context):
@@ -293,6 +322,7 @@ class MasterServicer(rpc.MasterServicer):
             views = self.core.cancel(s.principal.user, list(request.query_ids))
         except NotYours as e:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e.args[0]))
+        self._replicated()
         return pb.CancelReply(queries=[pb.QueryStatus(**v) for v in views])
 
     def AddStream(self, request, context):
@@ -302,6 +332,7 @@ class MasterServicer(rpc.MasterServicer):
         except Refused as e:
             self.core.count_rejected(e.reason)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self._replicated()
         return _stream_info(view, added=True, created=created)
 
     def Streams(self, request, context):
@@ -329,6 +360,8 @@ class MasterServicer(rpc.MasterServicer):
         reply.counters.update({k: int(v) for k, v in st["counters"].items()}
                               | {"failed_logins": self.sessions.failed_logins, "logouts": self.sessions.logouts,
                                  "permission_denied": int(sum(denied.values()))})
+        if self.extra_counters is not None:
+            reply.counters.update({k: int(v) for k, v in self.extra_counters().items()})
         reply.timings.update(st.get("timings", {}))
         reply.last_chunk_error = st.get("last_chunk_error", "")
         return reply
@@ -454,17 +487,28 @@ class AioMaster(rpc.MasterServicer):
     the dispatch thread never waits for a subscriber.  Must be built on the event loop it serves on;
     from then on the core notifies that loop."""
 
-    def __init__(self, servicer: MasterServicer, peer_check=None, call_threads: int = 16, ingest_threads: int = 8):
-        self.sync = servicer
-        self.core = servicer.core
-        self.limits = servicer.limits
+    def __init__(self, servicer: MasterServicer | None, peer_check=None, call_threads: int = 16,
+                 ingest_threads: int = 8, replication=None):
+        """``servicer`` None: a master with standbys that is not active yet (``replication`` refuses the
+        client calls until :meth:`install` gives it one).  ``replication`` (master/standby.py
+        :class:`~strata.master.standby.Node`): the master-to-master calls (Follow, Probe) and the gate
+        of client calls (a standby refuses them); None: a master without standbys, as before."""
         self.peer_check = peer_check
+        self.replication = replication
         self.loop = asyncio.get_running_loop()
         self.calls = ThreadPoolExecutor(call_threads, thread_name_prefix="master-call")
         self.ingest = ThreadPoolExecutor(ingest_threads, thread_name_prefix="master-ingest")
         self.news = _News(self.loop)
-        with self.core.cond:  # nobody waits on it yet (built before the dispatch thread starts)
-            self.core.cond = _NotifyingCondition(self.news.notify)
+        self.sync = self.core = self.limits = None
+        if servicer is not None:
+            self.install(servicer)
+
+    def install(self, servicer: MasterServicer) -> None:
+        """Serve ``servicer``'s core from now on (at start, or when a standby takes over: before its
+        dispatch thread starts, nobody waits on the core's condition yet)."""
+        with servicer.core.cond:
+            servicer.core.cond = _NotifyingCondition(self.news.notify)
+        self.sync, self.core, self.limits = servicer, servicer.core, servicer.limits
 
     def shutdown(self) -> None:
         self.calls.shutdown(wait=False, cancel_futures=True)
@@ -472,12 +516,42 @@ class AioMaster(rpc.MasterServicer):
 
     # -- plumbing --------------------------------------------------------------------------------
     async def _enter(self, context) -> _CallContext:
-        """The transport check (client certificate of this level) and the call's context for a thread."""
+        """The transport check (client certificate of this level) and the call's context for a thread;
+        a master that is not active (a standby) refuses here."""
         if self.peer_check is not None:
             refusal = _peer_refusal(self.peer_check, context)
             if refusal is not None:
                 await context.abort(*refusal)
+        if self.replication is not None:
+            refusal = self.replication.gate()
+            if refusal is not None:
+                await context.abort(*refusal)
         return _CallContext(context)
+
+    async def _enter_master(self, context, kind: str, digest: bytes):
+        """A master-to-master call: a master certificate of this level (with TLS) and a request signed
+        with the level's group key; refused (counted) otherwise."""
+        rep = self.replication
+        if rep is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master has no standbys (strata master --peers)")
+        if rep.peer_check is not None:
+            refusal = _peer_refusal(rep.peer_check, context)
+            if refusal is not None:
+                await context.abort(*refusal)
+        header = dict(context.invocation_metadata() or ()).get(AUTH_HEADER)
+        if not rep.verify(kind, digest, header):
+            rep.refused["unsigned_" + kind] = rep.refused.get("unsigned_" + kind, 0) + 1
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "request not signed with this level's group key")
+
+    # -- master to master (standbys) ------------------------------------------------------------
+    async def Probe(self, request, context):
+        await self._enter_master(context, "probe", request.SerializeToString())
+        return await self.loop.run_in_executor(self.calls, self.replication.probe, request)  # reads the store
+
+    async def Follow(self, request_iterator, context):
+        await self._enter_master(context, "follow", b"")
+        async for record in self.replication.follow(request_iterator, context):
+            yield record
 
     async def _run(self, pool, context, fn, *args):
         """``fn(*args)`` on a pool thread; an abort it asks for aborts the call."""
@@ -487,8 +561,17 @@ class AioMaster(rpc.MasterServicer):
             await context.abort(a.code, a.details)
 
     async def _unary(self, name: str, request, context):
+        """A unary call on the ``calls`` pool.  An exception the servicer did not turn into a status
+        would reach the client as UNKNOWN with a multi-line ``Unexpected <class …>`` text: it is
+        logged here once and the call ends INTERNAL with one line."""
         ctx = await self._enter(context)
-        return await self._run(self.calls, context, getattr(self.sync, name), request, ctx)
+        try:
+            return await self._run(self.calls, context, getattr(self.sync, name), request, ctx)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # noqa: BLE001 - never UNKNOWN, never a traceback to a client
+            log.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, one_line(f"master error in {name}: {type(e).__name__}: {e}"))
 
     async def _check(self, context, ctx, roles: tuple[str, ...], call: str, token, ended: bool = True):
         """The session's check on the event loop (in memory): abort the stream if it is gone."""
@@ -645,9 +728,11 @@ class MasterServer:
     """The master's gRPC server on ``grpc.aio``, on an event loop in a thread of its own (the rest of
     the master is threads: the core, the dispatch loop, the users watch)."""
 
-    def __init__(self, servicer: MasterServicer, listen: str, credentials=None, peer_check=None,
-                 max_receive: int = 2 * MAX_INGEST_BYTES, call_threads: int = 16, ingest_threads: int = 8):
+    def __init__(self, servicer: MasterServicer | None, listen: str, credentials=None, peer_check=None,
+                 max_receive: int = 2 * MAX_INGEST_BYTES, call_threads: int = 16, ingest_threads: int = 8,
+                 replication=None):
         self.servicer = servicer
+        self.replication = replication
         self.listen = listen
         self.credentials = credentials
         self.peer_check = peer_check
@@ -671,7 +756,7 @@ class MasterServer:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_receive),
                                                ("grpc.max_send_message_length", MAX_MESSAGE),
                                                ("grpc.so_reuseport", 0)])
-        self.front = AioMaster(self.servicer, self.peer_check, *self.threads)
+        self.front = AioMaster(self.servicer, self.peer_check, *self.threads, replication=self.replication)
         rpc.add_MasterServicer_to_server(self.front, self.server)
         host = self.listen.rsplit(":", 1)[0]
         port = (self.server.add_secure_port(self.listen, self.credentials) if self.credentials is not None
@@ -702,12 +787,17 @@ def _stream_info(view: dict, added: bool, created: bool = False) -> "pb.StreamIn
 class DispatchLoop:
     """Sends ready chunks to workers (async gRPC) and feeds results back to the core."""
 
-    def __init__(self, core: MasterCore, key: bytes, member, rpc_deadline: float = 30.0, tls_dir=None):
+    def __init__(self, core: MasterCore, key: bytes, member, rpc_deadline: float = 30.0, tls_dir=None,
+                 epoch: int = 0, on_fenced=None):
+        """``epoch``: this master's epoch (a master with standbys; 0: none), signed into every Execute;
+        ``on_fenced(detail)``: a worker refused it for a newer master's epoch (the master steps down)."""
         self.core = core
         self.key = key
         self.member = member
         self.rpc_deadline = rpc_deadline
         self.tls_dir = tls_dir
+        self.epoch = int(epoch)
+        self.on_fenced = on_fenced
         self._executes: dict[str, object] = {}  # worker -> its Execute (serialized requests)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
@@ -763,14 +853,14 @@ class DispatchLoop:
             try:
                 self.core.heartbeat(sid, hb.cpu, hb.state, hb.pid, slots=hb.slots, seq=hb.seq)
             except (TypeError, ValueError) as e:
-                log.warning("heartbeat of %s not used: %s", sid, one_line(e))
+                limited.warning("heartbeat", "heartbeat of %s not used: %s", sid, one_line(e))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 sent = self._step()
             except Exception:  # noqa: BLE001 - the dispatch thread never dies: log, wait a little, go on
-                log.exception("dispatch step failed; continuing")
+                limited.exception("dispatch", "dispatch step failed; continuing")
                 sent = []
             if not sent:
                 with self.core.cond:
@@ -784,7 +874,7 @@ class DispatchLoop:
             try:
                 self._send(chunk, sid)
             except Exception as e:  # noqa: BLE001 - e.g. encoding failed: one failed attempt of this chunk
-                log.exception("chunk %s could not be sent to %s", chunk.chunk_id, sid)
+                limited.exception("send", "chunk %s could not be sent to %s", chunk.chunk_id, sid)
                 self.core.on_failure(chunk.chunk_id, sid, reason=f"not sent: {e}", kind="SEND")
         return sent
 
@@ -797,13 +887,14 @@ class DispatchLoop:
         try:
             return prune_chunk(chunk, dict(getattr(self.core.pipeline, "queries", {}) or {}))
         except Exception as e:  # noqa: BLE001 - pruning is an optimization only
-            log.warning("chunk %s sent unpruned: %s", chunk.chunk_id, e)
+            limited.warning("prune", "chunk %s sent unpruned: %s", chunk.chunk_id, e)
             return chunk
 
     def _send(self, chunk, sid: str) -> None:
         specs = [pb.QuerySpec(query_id=qc.query_id, text=self.core.queries[qc.query_id].text, level=self.core.level)
                  for qc in chunk.queries if qc.query_id in self.core.queries]
-        head, body = pb.ExecuteRequest(level=self.core.level, queries=specs), encode_chunk(self._wire(chunk))
+        head = pb.ExecuteRequest(level=self.core.level, queries=specs, epoch=self.epoch)
+        body = encode_chunk(self._wire(chunk))
         md = ((AUTH_HEADER, sign_request(self.key, self.core.level, execute_digest(head, body))),)
         # a merged unit computes several chunks: it gets more time before it counts as failed
         timeout = self.rpc_deadline * self.core.deadline_factor(chunk.chunk_id)
@@ -817,7 +908,11 @@ class DispatchLoop:
                     reply = f.result()
                 except grpc.RpcError as e:
                     code = e.code()
-                    log.warning("chunk %s on %s failed: %s %s", cid, sid, code, e.details())
+                    if code == grpc.StatusCode.FAILED_PRECONDITION and self.on_fenced is not None and \
+                            (e.details() or "").startswith("fenced"):
+                        self.on_fenced(f"worker {sid}: {e.details()}")  # a newer master drives the workers
+                        return
+                    limited.warning("chunk-failed", "chunk %s on %s failed: %s %s", cid, sid, code, e.details())
                     # a lost worker is dropped (its chunks go elsewhere, not counted against them);
                     # an error reply or an overrun deadline is one failed attempt of the chunk
                     self.core.on_failure(cid, sid, drop_worker=code in (grpc.StatusCode.UNAVAILABLE,),
@@ -827,10 +922,10 @@ class DispatchLoop:
                     results = [decode_result(b) for b in reply.results]
                     self.core.on_result(cid, sid, results, span=span)
                 except Exception as e:  # noqa: BLE001 - an undecodable or inconsistent reply
-                    log.warning("chunk %s on %s: bad reply: %s", cid, sid, e)
+                    limited.warning("bad-reply", "chunk %s on %s: bad reply: %s", cid, sid, e)
                     self.core.on_failure(cid, sid, reason=f"bad reply: {e}", kind="BAD_REPLY")
             except Exception:  # noqa: BLE001 - never lose a callback silently
-                log.exception("chunk %s on %s: result handling failed", cid, sid)
+                limited.exception("result", "chunk %s on %s: result handling failed", cid, sid)
 
         fut.add_done_callback(done)
 
@@ -878,7 +973,7 @@ class UsersWatch:
         try:
             known = self.users.load()
         except Exception as e:  # noqa: BLE001 - a half-edited file must not revoke everyone
-            log.warning("users file unreadable, keeping current access: %s", one_line(e))
+            limited.warning("users-file", "users file unreadable, keeping current access: %s", one_line(e))
             self._stamp = stamp
             return []
         self._stamp = stamp
@@ -912,7 +1007,7 @@ class UsersWatch:
             try:
                 self.check()
             except Exception:  # noqa: BLE001 - revocation must keep working: log, check again later
-                log.exception("users-file check failed; will check again")
+                limited.exception("users", "users-file check failed; will check again")
                 self._stamp = None
 
 
@@ -944,6 +1039,64 @@ def warm_up(config, level: str) -> None:
         log.warning("master warm-up failed: %s", e)
 
 
+def build_core(config, level: str, store, users, chunk_instants: int = 1, owner: str | None = None):
+    """A master's core and sessions over ``store`` (None: in memory), restored from it: (core, sessions,
+    what was restored)."""
+    cluster = (getattr(config, "sections", None) or {}).get("cluster") or {}
+    # [cluster] dispatch_linger = false: send ready chunks at once even while input floods in
+    core = MasterCore(config, level, chunk_instants=chunk_instants, store=store,
+                      linger=bool(cluster.get("dispatch_linger", True)))
+    sessions = Sessions(users, core.level, persist=store, owner=owner)
+    restored = {}
+    if store is not None:
+        restored = core.restore()
+        restored["sessions"] = sessions.restore()
+    return core, sessions, restored
+
+
+def client_tls(tls_dir, level: str, refused):
+    """(server credentials, the check of clients' certificates) of a master of ``level``; (None, None)
+    without TLS."""
+    if tls_dir is None:
+        return None, None
+    from strata.tls import PeerCheck, server_credentials
+
+    return server_credentials(tls_dir, "master", level), PeerCheck(level, ("client",), refused=refused)
+
+
+class MasterLoops:
+    """A serving master's threads besides its gRPC server: the group member (heartbeats), the dispatch
+    loop, the checkpointer (with a store) and the users-file watch (checked once here: users removed
+    while the master was down lose their restored sessions and queries)."""
+
+    def __init__(self, core: MasterCore, sessions: Sessions, users, spec, address: str, tls_dir=None,
+                 store=None, epoch: int = 0, on_fenced=None):
+        from strata.groups.membership import GroupMember
+
+        self.member = GroupMember(spec, sid=address, role="master")
+        self.member.state = "master"
+        core.group_rejected = lambda: self.member.rejected
+        self.dispatch = DispatchLoop(core, spec.key, self.member, tls_dir=tls_dir, epoch=epoch, on_fenced=on_fenced)
+        self.checkpoints = Checkpointer(core) if store is not None else None
+        self.watch = UsersWatch(core, sessions, users)
+        self.watch.check()
+
+    def start(self) -> "MasterLoops":
+        self.member.start()
+        self.dispatch.start()
+        self.watch.start()
+        if self.checkpoints is not None:
+            self.checkpoints.start()
+        return self
+
+    def stop(self) -> None:
+        self.watch.stop()
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
+        self.dispatch.stop()
+        self.member.stop()
+
+
 def serve_master(config, level: str, listen: str, spec, users, chunk_instants: int = 1,
                  ready=None, stop_event: threading.Event | None = None, tls_dir=None, state_path=None,
                  owner: str | None = None) -> None:
@@ -955,58 +1108,31 @@ def serve_master(config, level: str, listen: str, spec, users, chunk_instants: i
     With ``tls_dir``: clients must present a ``client`` certificate of this
     level, and workers a ``worker`` certificate of this level.  With
     ``state_path`` (a SQLite file) queries, sessions and accepted input
-    survive a restart: the master replays them before it serves.
+    survive a restart: the master replays them before it serves.  (A master with standbys:
+    :func:`strata.master.standby.serve_replicated`.)
     """
-    from strata.groups.membership import GroupMember
-
     from .store import MasterStore, config_fingerprint
 
     lv = config.lattice.parse(level)
     warm_up(config, lv)
     store = MasterStore(state_path, lv, config_fingerprint(config)) if state_path else None
-    cluster = (getattr(config, "sections", None) or {}).get("cluster") or {}
-    # [cluster] dispatch_linger = false: send ready chunks at once even while input floods in
-    core = MasterCore(config, level, chunk_instants=chunk_instants, store=store,
-                      linger=bool(cluster.get("dispatch_linger", True)))
-    sessions = Sessions(users, core.level, persist=store, owner=owner)
-    if store is not None:
-        restored = core.restore()
-        restored["sessions"] = sessions.restore()
-        if any(restored.values()):
-            log.warning("restored from %s: %s", state_path, restored)
+    core, sessions, restored = build_core(config, level, store, users, chunk_instants, owner)
+    if any(restored.values()):
+        log.warning("restored from %s: %s", state_path, restored)
     servicer = MasterServicer(core, sessions)
-    creds, peer_check = None, None
-    if tls_dir is not None:
-        from strata.tls import PeerCheck, server_credentials
-
-        creds = server_credentials(tls_dir, "master", core.level)
-        peer_check = PeerCheck(core.level, ("client",), refused=core.refused)
+    creds, peer_check = client_tls(tls_dir, core.level, core.refused)
     # grpc.aio: open streams hold no thread; call work runs on bounded pools (AioMaster)
     server = MasterServer(servicer, listen, credentials=creds, peer_check=peer_check)
     address = server.address
-    member = GroupMember(spec, sid=address, role="master")
-    member.state = "master"
-    core.group_rejected = lambda: member.rejected
-    loop = DispatchLoop(core, spec.key, member, tls_dir=tls_dir)
-    checkpoints = Checkpointer(core) if store is not None else None
-    watch = UsersWatch(core, sessions, users)
-    watch.check()  # users removed while the master was down lose their restored sessions and queries
+    loops = MasterLoops(core, sessions, users, spec, address, tls_dir, store)
     server.start()
-    member.start()
-    loop.start()
-    watch.start()
-    if checkpoints is not None:
-        checkpoints.start()
+    loops.start()
     log.info("master %s level %s serving", address, level)
 
     def cleanup():
-        watch.stop()
-        if checkpoints is not None:
-            checkpoints.stop()
-        loop.stop()
-        member.stop()
+        loops.stop()
         server.stop(grace=2)
         if store is not None:
             store.close()
 
-    run_until_stopped(stop_event, ready and (lambda: ready(address, core, member)), cleanup)
+    run_until_stopped(stop_event, ready and (lambda: ready(address, core, loops.member)), cleanup)

@@ -19,21 +19,16 @@ import ipaddress
 import secrets
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, replace
 
+from strata.throttle import LOGIN_FAILED, MAX_PASSWORD, MAX_USER_NAME, LoginThrottle
 from strata.users import ROLES, AuthError, Principal, UserStore
 
 from .store import token_digest
 
 __all__ = ["Sessions", "Session", "RoleError", "dominates", "MAX_USER_NAME", "MAX_PASSWORD", "LOGIN_FAILED"]
 
-#: longer names are refused at once (no user can have one: the users file allows 64 characters)
-MAX_USER_NAME = 128
-#: longer passwords are refused before argon2 (which would otherwise hash up to a whole message)
-MAX_PASSWORD = 4096
-#: what every failed password check says, whether or not the user exists
-LOGIN_FAILED = "login failed: unknown user or wrong password"
 
 
 class RoleError(PermissionError):
@@ -100,14 +95,9 @@ class Sessions:
         self._wall = wall
         self.level = level
         self.ttl = ttl
-        self.max_failures = max_failures
-        self.lockout = lockout
         self._clock = clock
         self._by_token: dict[str, Session] = {}
-        self.peer_max_failures = max_failures * 4 if peer_max_failures is None else peer_max_failures
-        self.max_records = max_records
-        # "u:<user>" / "h:<host>" → (attempts counted, time of the last), oldest first
-        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.throttle = LoginThrottle(max_failures, lockout, peer_max_failures, max_records, clock)
         self._lock = threading.Lock()
         self.failed_logins = 0
         self.logouts = 0  # sessions ended by ``strata users logout`` or a replaced password
@@ -129,8 +119,8 @@ class Sessions:
                 self.failed_logins += 1
             raise
         principal = replace(principal, roles=self._roles_of(principal.user, getattr(principal, "roles", None)))
+        self._give_back(keys)
         with self._lock:
-            self._give_back(keys)
             s = Session(secrets.token_urlsafe(32), principal, now, now, self._wall())
             self._by_token[token_digest(s.token)] = s
         if self.persist is not None:
@@ -138,52 +128,23 @@ class Sessions:
         return s
 
     def _take_slot(self, user: str, host: str | None, now: float) -> tuple[str | None, str | None]:
-        """Count this attempt against the user and the host, or refuse it if either is locked.
-
-        A name longer than any user's cannot exist: refused (counted against the host only)
-        with the generic message, and never kept as a key.  Returns the keys charged."""
-        with self._lock:
-            self._forget_expired(now)
-            ukey = "u:" + (user or "") if len(user or "") <= MAX_USER_NAME else None
-            hkey = ("h:" + host) if host else None
-            limits = ((ukey, self.max_failures), (hkey, self.peer_max_failures))
-            wait = max((self._locked_for(k, n, now) for k, n in limits if k is not None), default=0.0)
-            if wait > 0:
+        """Count this attempt against the user and the host (strata/throttle.py), or refuse it."""
+        try:
+            return self.throttle.take(user, host, now)
+        except AuthError:
+            with self._lock:
                 self.failed_logins += 1
-                raise AuthError(f"login failed: too many failed attempts; retry in {wait:.0f} s")
-            for k, _ in limits:
-                if k is not None:
-                    n, _last = self._failures.pop(k, (0, now))
-                    self._failures[k] = (n + 1, now)  # to the end: the newest record
-            while len(self._failures) > self.max_records:
-                self._failures.popitem(last=False)  # a flood of names/hosts: the oldest go first
-            if ukey is None:
-                self.failed_logins += 1
-                raise AuthError(LOGIN_FAILED)
-            return ukey, hkey
-
-    def _locked_for(self, key: str, limit: int, now: float) -> float:
-        n, last = self._failures.get(key, (0, now))
-        return self.lockout - (now - last) if n >= limit and now - last < self.lockout else 0.0
-
-    def _forget_expired(self, now: float) -> None:
-        """Drop the records nothing has touched for ``lockout`` seconds (the oldest are first)."""
-        while self._failures:
-            key, (_n, last) = next(iter(self._failures.items()))
-            if now - last < self.lockout:
-                return
-            del self._failures[key]
+            raise
 
     def _give_back(self, keys) -> None:
-        """A successful login: the user starts afresh, the host gets its slot back."""
-        ukey, hkey = keys
-        self._failures.pop(ukey, None)
-        if hkey in self._failures:
-            n, last = self._failures[hkey]
-            if n <= 1:
-                del self._failures[hkey]
-            else:
-                self._failures[hkey] = (n - 1, last)
+        self.throttle.give_back(keys)
+
+    # the throttle's settings and records, as tests and status read them
+    max_failures = property(lambda self: self.throttle.max_failures)
+    lockout = property(lambda self: self.throttle.lockout)
+    peer_max_failures = property(lambda self: self.throttle.peer_max_failures)
+    max_records = property(lambda self: self.throttle.max_records)
+    _failures = property(lambda self: self.throttle.records)
 
     def _verify(self, user: str, password: str, level: str) -> Principal:
         """The principal if the password and level are right (argon2; called outside the lock)."""

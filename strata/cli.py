@@ -17,6 +17,7 @@ import sys
 from . import __version__
 from .config import ConfigError, config_of
 from .errors import EXIT_ERROR, EXIT_OK, EXIT_REJECTED, CliError
+from .logs import flush_output
 
 
 # ---- users ------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def cmd_users_logout(args) -> int:
 
 # ---- explain ----------------------------------------------------------------------
 def cmd_explain(args) -> int:
-    from .mlscql import LimitError, QueryError, compile_query
+    from .mlscql import QueryError, compile_query
 
     cfg = config_of(args)
     specs = _explain_queries(args)
@@ -135,10 +136,9 @@ def cmd_explain(args) -> int:
     for level, text in specs:
         try:
             compiled.append(compile_query(text, cfg, level))
-        except QueryError as e:
+        except QueryError as e:  # every refusal, a limit's included (limits.py), exits 2 with one line
             prefix = f"query {len(compiled) + 1}: " if len(specs) > 1 else ""
-            code = EXIT_ERROR if isinstance(e, LimitError) else EXIT_REJECTED
-            raise CliError(prefix + str(e).replace("\n", " "), code) from None
+            raise CliError(prefix + str(e).replace("\n", " "), EXIT_REJECTED) from None
     if len(compiled) == 1 and not args.sharing:
         cq = compiled[0]
         if args.json:
@@ -282,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    finally:
+        flush_output()  # a master's or worker's --log-file: its last lines reach the file
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m strata` is the entry point

@@ -16,7 +16,7 @@ from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 
 __all__ = ["Client", "ClientError", "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded",
-           "IngestResult"]
+           "IngestResult", "master_addresses"]
 
 
 class ClientError(RuntimeError):
@@ -64,6 +64,33 @@ def _lost(e: grpc.RpcError) -> bool:
     text = (e.details() or "").lower()
     return code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and \
         any(w in text for w in ("rst_stream", "stream removed", "socket closed", "connection reset"))
+
+
+def _standby(e) -> bool:
+    """Whether a failed call (an RpcError or a ClientError) is a standby master's refusal (the level's
+    active master is another one: docs/operations.md, *Standby masters*)."""
+    code = e.code() if isinstance(e, grpc.RpcError) else None
+    name = getattr(code, "name", None) if code is not None else getattr(e, "code", "")
+    details = (e.details() or "") if isinstance(e, grpc.RpcError) else getattr(e, "details", "")
+    return name == "FAILED_PRECONDITION" and " is a standby; the active one is " in (details or "")
+
+
+def _named_active(details: str) -> str | None:
+    """The active master a standby's refusal names (None: unknown)."""
+    marker = " the active one is "
+    if marker not in (details or ""):
+        return None
+    name = details.rsplit(marker, 1)[1].strip()
+    return None if not name or name == "unknown" else name
+
+
+def master_addresses(address) -> list[str]:
+    """``host:port`` or ``a:port,b:port`` (or a list): the level's masters, in the order to try them."""
+    items = address if isinstance(address, (list, tuple)) else str(address or "").split(",")
+    out = [a.strip() for a in items if a and a.strip()]
+    if not out:
+        raise ValueError("no master address")
+    return list(dict.fromkeys(out))
 
 
 @dataclass
@@ -187,7 +214,12 @@ class _Feed:
 
 
 class Client:
-    """A session with one master.
+    """A session with the master of a level.
+
+    ``address``: ``host:port``, or the level's masters (``a:port,b:port`` or a list: an active one and
+    its standbys, docs/operations.md *Standby masters*): the client talks to one at a time, tries
+    them in order and moves on when one is unreachable (UNAVAILABLE) or refuses as a standby; after a
+    lost connection it looks for whichever is active ( :meth:`reconnect`, :meth:`follow`).
 
     ``tls_dir`` (from ``strata certs``): connect with mutual TLS, presenting the
     ``client-<level>`` certificate and accepting only the master of ``level``
@@ -195,21 +227,24 @@ class Client:
     Without it the channel is plaintext, which a TLS master refuses.
     """
 
-    def __init__(self, address: str, tls_dir=None, level: str | None = None, timeout: float = 60.0):
-        opts = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                # a restarted master is found again within ~2 s, not after gRPC's default 2 min back-off
-                ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
+    #: a master's reply to a login while the client looks for the active one (several masters)
+    PROBE_SECONDS = 10.0
+
+    def __init__(self, address, tls_dir=None, level: str | None = None, timeout: float = 60.0):
+        self.addresses = master_addresses(address)
+        self._opts = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
+                      ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                      # a restarted master is found again within ~2 s, not after gRPC's default 2 min back-off
+                      ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
         if tls_dir is not None:
-            from strata.tls import TlsError, find_client_level, secure_channel
+            from strata.tls import TlsError, find_client_level
 
             level = level or find_client_level(tls_dir)
             if level is None:
                 raise TlsError(f"{tls_dir}: several or no client certificates; say which level to use")
-            self.channel = secure_channel(address, tls_dir, "client", level, "master", opts)
-        else:
-            self.channel = grpc.insecure_channel(address, opts)
-        self.stub = rpc.MasterStub(self.channel)
+        self._tls = (tls_dir, level)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._use(self.addresses[0])
         self.timeout = timeout
         self.token: str | None = None
         self.level: str | None = None
@@ -217,8 +252,44 @@ class Client:
         #: how each query's result stream ended: query id → (state, error); error is "" unless it failed
         self.ended: dict[str, tuple[str, str]] = {}
 
+    def _use(self, address: str) -> None:
+        """Talk to ``address`` from now on (one channel per master, kept: its connection is reused)."""
+        ch = self._channels.get(address)
+        if ch is None:
+            tls_dir, level = self._tls
+            if tls_dir is not None:
+                from strata.tls import secure_channel
+
+                ch = secure_channel(address, tls_dir, "client", level, "master", self._opts)
+            else:
+                ch = grpc.insecure_channel(address, self._opts)
+            self._channels[address] = ch
+        self.address, self.channel, self.stub = address, ch, rpc.MasterStub(ch)
+
+    @property
+    def several(self) -> bool:
+        """Whether the client knows several masters of the level (it may move on from one)."""
+        return len(self.addresses) > 1
+
+    def moves_on(self, e) -> bool:
+        """Whether a failed call (RpcError or ClientError) means: look for the level's active master
+        (the connection was lost, or this one is a standby and the client knows others)."""
+        if isinstance(e, grpc.RpcError):
+            return _lost(e) or self.several and _standby(e)
+        return getattr(e, "code", "") in ("UNAVAILABLE", "CANCELLED") or self.several and _standby(e)
+
+    def _order(self, hint: str | None = None) -> list[str]:
+        """The masters to try, from the current one on (a standby's named active one first)."""
+        i = self.addresses.index(self.address) if self.address in self.addresses else 0
+        order = self.addresses[i:] + self.addresses[:i]
+        if hint in order:
+            order.remove(hint)
+            order.insert(0, hint)
+        return order
+
     def close(self) -> None:
-        self.channel.close()
+        for ch in self._channels.values():
+            ch.close()
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the master answers connections (e.g. after it restarted)."""
@@ -238,20 +309,74 @@ class Client:
         return (("authorization", f"Bearer {self.token}"),)
 
     def login(self, user: str, password: str, level: str = "") -> str:
-        try:
-            r = self.stub.Login(pb.LoginRequest(user=user, password=password, level=level), timeout=self.timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise LoginFailed(e.details()) from None
-            raise ClientError(f"{e.code().name}: {e.details()}") from None
-        self.token, self.level, self.roles = r.token, r.level, list(r.roles)
-        self._credentials = (user, password, level)  # to log in again after a master restart
-        return r.level
+        """Log in at the master (with several: the first, in order, that is reachable and not a standby;
+        if none is, the last refusal)."""
+        req = pb.LoginRequest(user=user, password=password, level=level)
+        err = None
+        for address in (self._order() if self.several else [self.address]):
+            self._use(address)
+            try:
+                r = self.stub.Login(req, timeout=min(self.timeout, self.PROBE_SECONDS) if self.several else self.timeout)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise LoginFailed(e.details()) from None
+                this = ClientError(f"{e.code().name}: {e.details()}", e.code().name, e.details() or "")
+                if err is None or not _standby(err):  # a standby's refusal names the active one: keep it
+                    err = this
+                if self.several and (self.moves_on(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue
+                raise this from None
+            self.token, self.level, self.roles = r.token, r.level, list(r.roles)
+            self._credentials = (user, password, level)  # to log in again after a master restart
+            return r.level
+        raise err
+
+    def _find_active(self, deadline: float, keep_session: bool) -> None:
+        """Several masters: until the monotonic ``deadline``, try each in turn until one is active and
+        answers; with ``keep_session`` first with this session's token (the active one holds the
+        sessions its standby copied), else (or when the token is unknown there) by logging in again."""
+        creds = getattr(self, "_credentials", None)
+        hint = None
+        while True:
+            for address in self._order(hint):
+                hint = None
+                self._use(address)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClientError(f"no active master among {', '.join(self.addresses)} in time", "UNAVAILABLE")
+                wait = max(0.5, min(self.PROBE_SECONDS, left))
+                try:
+                    if keep_session and self.token:
+                        try:
+                            self.stub.Streams(pb.Empty(), metadata=self._md, timeout=wait)
+                            return
+                        except grpc.RpcError as e:
+                            if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+                                raise
+                    if creds is None:
+                        grpc.channel_ready_future(self.channel).result(timeout=wait)
+                        return
+                    r = self.stub.Login(pb.LoginRequest(user=creds[0], password=creds[1], level=creds[2]), timeout=wait)
+                    self.token, self.level, self.roles = r.token, r.level, list(r.roles)
+                    return
+                except grpc.FutureTimeoutError:
+                    continue
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                        raise LoginFailed(e.details()) from None
+                    if not (self.moves_on(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise _error(e) from None
+                    if _standby(e):
+                        hint = _named_active(e.details() or "")
+            time.sleep(0.2)  # a standby is taking over, or the active one is restarting
 
     def reconnect(self, deadline: float) -> None:
         """Wait (until the monotonic ``deadline``) for the master to answer again and log in again with
         the credentials of the last :meth:`login` (a restarted master without the old session, or an
-        expired one, still lets the client go on)."""
+        expired one, still lets the client go on).  With several masters: the one that is active now,
+        whichever it is."""
+        if self.several:
+            return self._find_active(deadline, keep_session=False)
         creds = getattr(self, "_credentials", None)
         while True:
             try:
@@ -306,8 +431,9 @@ class Client:
         ``reconnect_seconds`` for it to come back (same address, same session
         token: the master persisted it), subscribes again after the smallest
         acknowledged instant and drops rows it already has, so every result
-        arrives exactly once.  ``on_reconnect(attempt)`` is called before each
-        attempt.
+        arrives exactly once.  With several masters it resubscribes on whichever
+        is active (its standby copied the session; else it logs in again).
+        ``on_reconnect(attempt)`` is called before each attempt.
         """
         if not query_ids:
             raise ClientError("follow needs the query ids")
@@ -336,14 +462,22 @@ class Client:
                     yield batch.query_id, table
                 return
             except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or attempt > 0 and \
-                        time.monotonic() > deadline:
+                lost = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or \
+                    self.several and self.moves_on(e)
+                if not lost or attempt > 0 and time.monotonic() > deadline:
                     raise _error(e) from None
                 if attempt == 0:
                     deadline = time.monotonic() + reconnect_seconds
                 attempt += 1
                 if on_reconnect is not None:
                     on_reconnect(attempt)
+                if self.several:
+                    try:
+                        self._find_active(deadline, keep_session=True)
+                    except ClientError as err:
+                        raise ClientError(f"no master of the level came back within {reconnect_seconds:.0f} s "
+                                          f"({err})", "UNAVAILABLE") from None
+                    continue
                 try:
                     grpc.channel_ready_future(self.channel).result(timeout=max(0.1, deadline - time.monotonic()))
                 except grpc.FutureTimeoutError:
@@ -437,7 +571,7 @@ class Client:
                 feed.abandon()
                 if call is not None:
                     call.cancel()
-                if not _lost(e):
+                if not self.moves_on(e):
                     raise _error(e) from None
                 lost = e.code()
             if deadline is None:

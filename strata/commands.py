@@ -19,7 +19,7 @@ from .config import config_of
 from .errors import EXIT_DENIED, EXIT_FAILED, EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
 from .serving import progress
 
-__all__ = ["add_parsers", "split_levels", "parse_levels", "read_password", "login", "client_call", "client_tls",
+__all__ = ["add_parsers", "split_levels", "parse_levels", "read_password", "login", "master_of", "client_call", "client_tls",
            "register_queries", "fmt_value", "read_input", "parse_inputs", "drop_above", "instant_batches", "producer_id",
            "EXIT_FAILED", "EXIT_DENIED"]
 
@@ -85,7 +85,35 @@ def client_tls(args) -> str | None:
     return getattr(args, "tls_dir", None) or os.environ.get("STRATA_TLS_DIR") or None
 
 
-def login(address: str, user: str, level: str = "", tls_dir: str | None = None):
+def master_of(args) -> str:
+    """The master(s) a client command talks to: ``--master`` (``host:port``, or the level's masters
+    ``a:port,b:port``: an active one and its standbys), else the configuration's ``[groups."L"] masters``
+    of the login level (``--level L``, or the only level that lists masters)."""
+    if getattr(args, "master", None):
+        return args.master
+    cfg = config_of(args)
+    level = _client_level(args)
+    listed = {lv: g["masters"] for lv, g in ((cfg.sections.get("groups") or {}).items())
+              if isinstance(g, dict) and g.get("masters")}
+    pick = None
+    for lv, masters in listed.items():
+        try:
+            if level and cfg.lattice.parse(lv) == level:
+                pick = masters
+        except ValueError:
+            continue
+    if not level and len(listed) == 1:
+        pick = next(iter(listed.values()))
+    if not pick:
+        raise CliError("give --master HOST:PORT (or the level's masters A:PORT,B:PORT), or list them in the "
+                       "configuration: [groups.\"L\"] masters = [\"host:port\", ...] with --level L", EXIT_REJECTED)
+    return pick if isinstance(pick, str) else ",".join(str(m) for m in pick)
+
+
+def login(address: str, user: str, level: str = "", tls_dir: str | None = None, password: str | None = None):
+    """A logged-in client of the master at ``address`` (``host:port``, or the level's masters
+    ``a:port,b:port``: the client logs in at the active one; ``password``: read from STRATA_PASSWORD or
+    the terminal when not given)."""
     from .client import Client, ClientError, LoginFailed
     from .tls import TlsError
 
@@ -93,13 +121,17 @@ def login(address: str, user: str, level: str = "", tls_dir: str | None = None):
         c = Client(address, tls_dir=tls_dir, level=level or None)
     except TlsError as e:
         raise CliError(str(e)) from None
+    except ValueError as e:
+        raise CliError(f"--master: {e}", EXIT_REJECTED) from None
     try:
-        c.login(user, read_password(), level)
+        c.login(user, read_password() if password is None else password, level)
     except LoginFailed as e:
         c.close()
         raise CliError(str(e), EXIT_LOGIN) from None
     except ClientError as e:
         c.close()
+        if e.code == "FAILED_PRECONDITION":  # a standby master: its one line names the active one
+            raise CliError(e.details, EXIT_REJECTED) from None
         hint = "" if tls_dir else " (a TLS master needs --tls-dir with a client certificate of its level)"
         raise CliError(f"cannot reach master {address}: {e}{hint}") from None
     return c
@@ -128,7 +160,7 @@ def _query_rows(queries) -> list[dict]:
 
 
 def cmd_status(args) -> int:
-    c = login(args.master, args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
     try:
         st = client_call(c.status)
     finally:
@@ -212,7 +244,7 @@ def _print_queries(rows: list[dict], fmt: str) -> None:
 def cmd_query(args) -> int:
     """``strata query --query TEXT...`` (register and stream), ``strata query list``,
     ``strata query cancel ID...``."""
-    missing = [f"--{n}" for n in ("config", "master", "user") if not getattr(args, n, None)]
+    missing = [f"--{n}" for n in ("config", "user") if not getattr(args, n, None)]
     if missing:
         raise CliError(f"strata query needs {', '.join(missing)}", EXIT_REJECTED)
     if args.action is None and not args.query:
@@ -224,7 +256,7 @@ def cmd_query(args) -> int:
                        EXIT_REJECTED)
     if args.action == "list" and args.ids:
         raise CliError("`strata query list` takes no ids", EXIT_REJECTED)
-    c = login(args.master, args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
     if args.action is not None:
         try:
             if args.action == "list":
@@ -570,7 +602,7 @@ def cmd_streams(args) -> int:
     (argparse requires --config, --master and --user for both)."""
     if args.action == "add":
         attrs = parse_schema(args.schema)
-    c = login(args.master, args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
     try:
         if args.action == "add":
             info = client_call(c.add_stream, args.name, attrs)
@@ -597,7 +629,7 @@ def cmd_ingest(args) -> int:
     c = None
     try:
         if any(cfg.stream(spec.split("=", 1)[0]) is None for spec in args.input if "=" in spec):
-            c = login(args.master, args.user, _client_level(args), client_tls(args))
+            c = login(master_of(args), args.user, _client_level(args), client_tls(args))
             cfg = with_master_streams(cfg, c)  # a stream added at run time: its schema is the master's
         inputs = parse_inputs(cfg, args.input)  # (a file's errors before connecting, where it can be)
     except BaseException:
@@ -605,7 +637,7 @@ def cmd_ingest(args) -> int:
             c.close()
         raise
     if c is None:
-        c = login(args.master, args.user, _client_level(args), client_tls(args))
+        c = login(master_of(args), args.user, _client_level(args), client_tls(args))
     total = sum(t.num_rows for _, t in inputs)
     above = 0
     if args.labelled:  # rows the master's shepherd would drop on arrival: not sent
@@ -643,7 +675,7 @@ def cmd_ingest(args) -> int:
             try:
                 return c.advance(finish=True)
             except ClientError as e:
-                if e.code not in ("UNAVAILABLE", "CANCELLED") or time.monotonic() > deadline:
+                if not c.moves_on(e) or time.monotonic() > deadline:
                     raise
                 progress("connection to master lost; finishing the input again")
                 c.reconnect(deadline)
@@ -667,7 +699,7 @@ def cmd_advance(args) -> int:
     """Close instants up to ``--upto`` (producer) or finish the input (producer or operator)."""
     if (args.upto is None) == (not args.finish):
         raise CliError("give exactly one of --upto N or --finish", EXIT_REJECTED)
-    c = login(args.master, args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
     try:
         n = client_call(c.advance, upto_ts=args.upto or 0, finish=args.finish)
     finally:
@@ -691,7 +723,9 @@ def add_parsers(sub) -> None:
         what was given before the action word alone (argparse copies a subparser's defaults over)."""
         kw = {"default": argparse_suppress()} if keep_parent else {}
         p.add_argument("--config", required=required, **kw)
-        p.add_argument("--master", required=required, help="the master's host:port", **kw)
+        p.add_argument("--master", help="the master's host:port, or the level's masters a:port,b:port (an active one "
+                                        "and its standbys: the client uses whichever is active); default: the "
+                                        "configuration's [groups.\"L\"] masters", **kw)
         p.add_argument("--user", required=required, help="password from STRATA_PASSWORD (or prompted)", **kw)
         p.add_argument("--level", help="login level (default: the master's)", **kw)
         p.add_argument("--tls-dir", help="client certificate from `strata certs` (default: $STRATA_TLS_DIR)", **kw)

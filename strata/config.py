@@ -21,6 +21,11 @@ Example::
     max_ts = 9007199254740991              # largest accepted tuple timestamp (default 2**53 - 1)
     advance_horizon = 3600                 # instants a producer may close past the largest ingested one
 
+    [groups."S"]                           # optional, per level: its group (strata/groups), CPUs (cpusets.py)
+    spark_master = "spark://10.0.0.7:7077" # and Spark (spark_settings.py): local[N] (default local[1]) or the
+    spark_secret_file = "keys/S.spark"     # level's own cluster, reached with its secret (0600), Spark's
+    spark_conf = { "spark.executor.memory" = "1g" }   # authentication and encryption on
+
 Errors raise ConfigError naming the file, the key and (when it can be found)
 the line.
 """
@@ -35,6 +40,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .lattice import Categories, ChineseWall, Lattice, TotalOrder
+from .names import MAX_NAME_CHARS, is_identifier, name_problem
 
 __all__ = [
     "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING", "OP_COLUMN",
@@ -95,21 +101,28 @@ def stream_of(name: str, columns, known=(), relation: bool = False) -> StreamSch
     name none of ``known`` (stream names) has, all case-insensitively.  Raises :class:`StreamError`.
     ``relation``: a ``[relations.NAME]`` table (messages say so; ``op`` is not an attribute)."""
     kind = "relation" if relation else "stream"
-    if not isinstance(name, str) or not _IDENT.fullmatch(name):
-        raise StreamError(f"{kind} name {name!r} is not an identifier")
-    if name.lower() in {k.lower() for k in known}:
+    problem = name_problem(name, f"{kind} name")
+    if problem:
+        raise StreamError(problem)
+    clash = next((k for k in known if k.lower() == name.lower()), None)
+    if clash is not None:
+        other = known[clash] if isinstance(known, dict) else None
+        if other is not None and getattr(other, "relation", relation) != relation:
+            raise StreamError(f"{kind} {name!r} is declared twice: {clash!r} already names a {other.kind} (streams "
+                              f"and relations share one namespace; names are case-insensitive)")
         raise StreamError(f"{kind} {name!r} is declared twice (names are case-insensitive)")
     if not columns:
         raise StreamError(f"declare at least one attribute, e.g. {_EXAMPLE_ATTRIBUTE[relation]}")
     out, seen = [], set()
     for col, typ in columns:
-        if not isinstance(col, str) or not _IDENT.fullmatch(col):
-            raise StreamError("attribute name is not an identifier", str(col))
-        if col.lower() in SYSTEM_COLUMNS:
+        if isinstance(col, str) and col.lower() in SYSTEM_COLUMNS:
             raise StreamError(f"'{col}' is a system attribute every stream has; it cannot be declared", col)
-        if relation and col.lower() == OP_COLUMN:
-            raise StreamError(f"'{col}' is the input column saying insert or delete; a relation cannot declare it",
-                              col)
+        if isinstance(col, str) and col.lower() == OP_COLUMN:
+            raise StreamError(f"'{col}' is the input column saying insert or delete of a relation; streams and "
+                              f"relations cannot declare it", col)
+        problem = name_problem(col, "attribute name")
+        if problem:
+            raise StreamError(problem, str(col)[:MAX_NAME_CHARS])
         if col.lower() in seen:
             raise StreamError("attribute declared twice (names are case-insensitive)", col)
         seen.add(col.lower())
@@ -192,7 +205,7 @@ def parse_config(text: str, path: Path | None = None) -> Config:
 
     def err(section: str, key: str | None, msg: str) -> ConfigError:
         line = _line_of(text, section, key)
-        loc = f"[{section}]" + (f" {key}" if key else "")
+        loc = f"[{_short(section)}]" + (f" {_short(key)}" if key else "")
         return ConfigError(f"{where}{f':{line}' if line else ''}: {loc}: {msg}")
 
     for sec in data:
@@ -270,7 +283,7 @@ def parse_config(text: str, path: Path | None = None) -> Config:
         for sname, cols in raw.items():
             sec = f"{section}.{sname}"
             if not isinstance(cols, dict) or not cols:
-                if _IDENT.fullmatch(sname):
+                if is_identifier(sname):
                     raise err(sec, None, f"declare at least one attribute, e.g. {_EXAMPLE_ATTRIBUTE[relation]}")
                 cols = {}
             try:
@@ -285,10 +298,12 @@ def parse_config(text: str, path: Path | None = None) -> Config:
     from .cpusets import check_disjoint  # [groups."L"] cpus: disjoint per level (existence is checked when pinning)
 
     check_disjoint(cfg, check_exist=False)
+    from .spark_settings import check_spark_settings  # [groups."L"] spark_*: one Spark cluster per level
+
+    check_spark_settings(cfg, err, text)
     return cfg
 
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0, "result_retention_results": 1,
               "max_backlog_rows": 0, "max_streams_per_session": 1, "max_streams_per_user": 1,
               "checkpoint_rows": 0, "checkpoint_events": 0}
@@ -303,6 +318,11 @@ def _limits(raw: Any, err) -> Limits:
         if isinstance(v, bool) or not isinstance(v, int) or not _LIMIT_MIN[k] <= v <= MAX_TS_CEILING:
             raise err("limits", k, f"must be an integer from {_LIMIT_MIN[k]} to {MAX_TS_CEILING} (2**62 - 1)")
     return Limits(**raw)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """A name as a message shows it: a very long one cut (the message stays one readable line)."""
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
 
 
 def _line_of(text: str, section: str, key: str | None) -> int | None:

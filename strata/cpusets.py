@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # only for annotations: strata.config imports this module to 
     from strata.config import Config
 
 __all__ = ["CpuSetError", "parse_cpus", "format_cpus", "available_cpus", "level_cpus", "all_level_cpus",
-           "check_disjoint", "pin_current_process", "thread_affinities"]
+           "check_disjoint", "pin_current_process", "thread_affinities", "host_cpu_percent"]
 
 _ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 MAX_CPU = 4095
@@ -108,6 +108,18 @@ def available_cpus() -> frozenset[int]:
             except CpuSetError:
                 continue
     return frozenset(os.sched_getaffinity(0))
+
+
+def host_cpu_percent() -> float:
+    """The load of the CPUs this process may run on, in percent (psutil, non-blocking): a level
+    pinned to its own CPU set does not see another level's load in it.  The default reading of a
+    group member's heartbeat (strata/groups/membership.py) and Algorithm 5's ``host`` reading
+    (worker/load.py)."""
+    import psutil  # deferred: a few ms, only for processes that send heartbeats
+
+    per = psutil.cpu_percent(percpu=True)
+    mine = [per[i] for i in sorted(os.sched_getaffinity(0)) if i < len(per)]
+    return float(sum(mine) / len(mine)) if mine else float(psutil.cpu_percent(interval=None))
 
 
 def _groups(config: Config) -> dict[str, dict]:

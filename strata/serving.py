@@ -18,9 +18,10 @@ from typing import Callable
 import grpc
 
 from .errors import CliError
+from .logs import capture_output, flush_output
 
 __all__ = ["build_server", "run_until_stopped", "exit_now", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
-           "ready_writer", "server_tls", "add_process_options", "pid_alive"]
+           "ready_writer", "server_tls", "add_process_options", "pid_alive", "start_logging"]
 
 MAX_MESSAGE = 256 * 1024 * 1024
 
@@ -67,11 +68,7 @@ def exit_now(code: int = 0) -> None:
     which took 0.2-0.4 s of every stop of an embedded cluster.  Only for the process's entry
     point: whatever must survive is closed by the cleanup before (the master's store)."""
     logging.shutdown()
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
+    flush_output()  # a --log-file: what the pipe still holds reaches the file
     os._exit(code)
 
 
@@ -80,14 +77,21 @@ def progress(msg: str) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one of another user counts as alive)."""
+    """Whether a process with this pid runs (one of another user counts as alive; a zombie, dead and not
+    yet reaped by its parent, as gone: a killed process of `strata up` is reaped by init, which may
+    take a moment)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def free_udp_port() -> int:
@@ -137,6 +141,12 @@ def server_tls(args, cfg, role: str):
     return tls_dir
 
 
+def start_logging(args) -> None:
+    """A process's ``--log-file``: its output (and its children's) from now on into that file, rotated."""
+    if getattr(args, "log_file", None):
+        capture_output(args.log_file)
+
+
 def add_process_options(p, level=True) -> None:
     """The options every process of a level takes (``strata master``, ``strata worker``)."""
     p.add_argument("--config", required=True)
@@ -145,6 +155,9 @@ def add_process_options(p, level=True) -> None:
     p.add_argument("--state-dir", help="where keys, logs and state live")
     p.add_argument("--multicast-port", type=int, help="override the group's multicast port")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
+    p.add_argument("--log-file", metavar="PATH",
+                   help="write this process's output (and its children's: the Spark JVM's) to PATH, rotated at "
+                        "16 MiB with two older files kept (strata/logs.py); default: inherited stdout/stderr")
     if level:
         p.add_argument("--tls-dir", help="certificates from `strata certs` (default: STATE_DIR/tls)")
         p.add_argument("--insecure", action="store_true", help="no TLS (development only)")

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import grpc
 
+from .private import private_dir
+
 __all__ = ["ROLES", "Identity", "TlsError", "create_deployment", "issue", "make_ca", "server_credentials",
            "secure_channel", "PeerCheck", "peer_identity", "read_identity", "find_client_level", "has_material",
            "cert_paths"]
@@ -94,7 +96,7 @@ def make_ca(out: Path | str, name: str = "Strata deployment CA"):
     from cryptography.x509.oid import NameOID
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)  # private keys (0600) and the certificates
+    private_dir(out, "certificate directory")  # private keys (0600) and the certificates
     cpath, kpath = out / "ca.pem", out / "ca.key"
     if cpath.exists() and kpath.exists():
         return (x509.load_pem_x509_certificate(cpath.read_bytes()),

@@ -185,9 +185,10 @@ def test_users_list_shows_entries_without_access(cfg, capsys, monkeypatch):
     ("SELECT bp FROM Vitals WHERE bp > 1e400", "limit error: WHERE: a decimal literal"),
     ("SELECT bp FROM Vitals WHERE bp > " + "9" * 20000, "limit error: WHERE: a number written with 20000"),
 ])
-def test_explain_limit_errors_exit_1_one_line(cfg, capsys, monkeypatch, query, fragment):
+def test_explain_limit_errors_exit_2_one_line(cfg, capsys, monkeypatch, query, fragment):
+    """A limit error is a refused query like any other: exit 2, one line (issue 30)."""
     code, out, err = run(["explain", "--config", str(cfg), "--level", "S", query], capsys, monkeypatch)
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""
     assert err.startswith("strata: " + fragment) and err.count("\n") == 1 and len(err) < 300
 
 

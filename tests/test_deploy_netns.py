@@ -144,7 +144,6 @@ python = "{python}"
 secrets = "secrets"
 tls = {tls}
 transport = "netns"
-spark_master = "local[1]"
 chunk_seconds = 1.0
 ready_timeout = 240
 

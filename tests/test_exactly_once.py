@@ -305,14 +305,15 @@ def _rows(n_instants: int) -> list[dict]:
 
 
 def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int, kill_at: float,
-                                  extra_toml: str = "", checkpointed: bool = False):
+                                  extra_toml: str = "", checkpointed: bool = False, cli: bool = False):
     """``strata ingest --labelled --finish`` of ``data`` (a CSV) at ``rate`` tuples/s as a subprocess into
     a level-TS cluster following ``queries``; once the master accepted ``kill_at`` tuples it is killed
     with SIGKILL and restarted on its address.  The ingest must exit 0, without a traceback, with one
     connection-loss line; every query's stream must complete.  Returns (result tables per query, in
     the order of ``queries``; the ingest's stderr; tuples the restarted master accepted).
     ``extra_toml``: appended to the battlefield config; ``checkpointed``: the kill also waits for the
-    master's first checkpoint."""
+    master's first checkpoint; ``cli``: the cluster started with ``strata up`` and the master restarted
+    with ``strata up --restart master:TS`` (else the functions behind them)."""
     from strata.client import Client
     from strata.deploy.local import restart_process, start_cluster, stop_cluster
 
@@ -322,7 +323,14 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
 
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + extra_toml, {"ann": "TS"})
     state = tmp_path / "state"
-    started = start_cluster(str(cfg_path), ["TS"], 1, state)
+    if cli:
+        up = subprocess.run([sys.executable, "-m", "strata", "up", "--config", str(cfg_path), "--levels", "TS",
+                             "--workers", "1", "--state-dir", str(state)], capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stderr
+        started = json.loads(up.stdout)
+        started["masters"] = {k: v for k, v in started["masters"].items()}
+    else:
+        started = start_cluster(str(cfg_path), ["TS"], 1, state)
     proc = None
     try:
         address, tls = started["masters"]["TS"], started["tls_dir"]
@@ -364,7 +372,14 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
         assert proc.poll() is None, proc.communicate()
         os.kill(master["pid"], signal.SIGKILL)
         wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
-        restart_process(state, master["name"])
+        if cli:
+            again = subprocess.run([sys.executable, "-m", "strata", "up", "--state-dir", str(state), "--restart",
+                                    "master:TS"], capture_output=True, text=True, timeout=300)
+            assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+            [r] = json.loads(again.stdout)["restarted"]
+            assert r["name"] == master["name"] and r["address"] == address  # its address again
+        else:
+            restart_process(state, master["name"])
         out, err = proc.communicate(timeout=300)
         print(err)  # shown with -rP: the resume line and the summary
         assert proc.returncode == 0, err
@@ -411,6 +426,54 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
     for got, q in zip(tables, queries):
         compare_results([r for t in got for r in rows_of(t)], evaluate(q, cfg, "TS", {"Vitals": rows}))
     assert total == len(rows)  # each tuple once in the restarted master
+
+
+@pytest.mark.slow
+def test_strata_up_restart_brings_back_a_killed_master_and_the_ingest_resumes(tmp_path):
+    """Issue 30 item 5, through the CLI only: ``strata up``, ``strata ingest`` of a CSV, the master killed
+    with SIGKILL mid-stream, ``strata up --state-dir DIR --restart master:TS``; the ingest resumes
+    (one line), every tuple is applied once and the query output equals the reference."""
+    from strata.config import parse_config
+
+    from .conftest import BATTLEFIELD_TOML
+    from .reference.evaluator import compare_results, evaluate
+    from .tables import rows_of
+
+    queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid"]
+    rows = _rows(400)
+    data = tmp_path / "vitals.csv"
+    with open(data, "w", newline="") as f:
+        w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
+        w.writeheader()
+        w.writerows(rows)
+    (got,), err, total = _ingest_through_a_master_kill(tmp_path, queries, data, 400, 800, cli=True)
+    assert "sent 1600/1600 tuples in 4 batches: accepted 1600" in err, err
+    compare_results([r for t in got for r in rows_of(t)],
+                    evaluate(queries[0], parse_config(BATTLEFIELD_TOML), "TS", {"Vitals": rows}))
+    assert total == len(rows)
+
+
+def test_strata_up_restart_refuses_what_it_cannot_restart(tmp_path):
+    """One line each: no cluster there, an unknown process, a worker spec without its index, a live process."""
+    state = tmp_path / "state"
+
+    def restart(spec):
+        r = subprocess.run([sys.executable, "-m", "strata", "up", "--state-dir", str(state), "--restart", spec],
+                           capture_output=True, text=True, timeout=60)
+        return r.returncode, r.stderr
+
+    code, err = restart("master:S")
+    assert code == 1 and err.startswith("strata: no cluster in") and err.count("\n") == 1, err
+    state.mkdir()
+    (state / "cluster.json").write_text(json.dumps({"processes": [
+        {"name": "master-S", "role": "master", "level": "S", "pid": os.getpid(), "cmd": [], "ready": "x"}]}))
+    for spec, fragment in (("master:TS", "no process master-TS in"), ("worker:S", "worker:LEVEL:INDEX"),
+                           ("master:S", "is still running; nothing to restart")):
+        code, err = restart(spec)
+        assert code == 2 and fragment in err and err.count("\n") == 1 and "Traceback" not in err, err
+    r = subprocess.run([sys.executable, "-m", "strata", "up", "--state-dir", str(state)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "needs --config and --levels (or --restart PROCESS)" in r.stderr, r.stderr
 
 
 @pytest.mark.slow

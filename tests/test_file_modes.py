@@ -91,3 +91,63 @@ def test_start_cluster_state_directories_are_private(tmp_path, loose_umask, monk
     with pytest.raises(Stop):
         local.start_cluster(str(cfg), ["S"], 0, state, multicast_port=None)
     assert [mode(p) for p in (state, state / "logs", state / "run")] == [0o700] * 3
+
+
+# ---- state directories made beforehand (issue 30 item 6) -------------------------------------------
+def test_a_state_directory_made_with_0755_is_tightened(tmp_path, loose_umask):
+    """``strata up``, a master's event log, the certificates and the group keys all go through
+    private_dir: a directory the user made beforehand with the usual 0755 becomes 0700."""
+    from strata.groups import load_or_create_key
+    from strata.private import private_dir
+    from strata.tls import create_deployment
+
+    for name in ("state", "certs", "keys", "events"):
+        (tmp_path / name).mkdir(mode=0o755)
+        assert mode(tmp_path / name) == 0o755
+    private_dir(tmp_path / "state")
+    create_deployment(tmp_path / "certs", ["S"])
+    load_or_create_key(tmp_path / "keys" / "S.key", create=True)
+    MasterStore(tmp_path / "events" / "master-S.sqlite", "S", "fp").close()
+    assert [mode(tmp_path / n) for n in ("state", "certs", "keys", "events")] == [0o700] * 4
+    assert mode(private_dir(tmp_path / "new" / "deeper")) == 0o700
+
+
+def test_a_state_directory_of_another_user_or_a_file_is_refused_in_one_line(tmp_path):
+    from strata.errors import CliError
+    from strata.private import private_dir
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CliError, match="exists and is not a directory"):
+        private_dir(tmp_path / "file")
+    if os.getuid() != 0:
+        pytest.skip("chown to another user needs root")
+    other = tmp_path / "theirs"
+    other.mkdir(mode=0o755)
+    os.chown(other, 65534, 65534)
+    with pytest.raises(CliError) as e:
+        private_dir(other)
+    assert "belongs to uid 65534, not to this user" in str(e.value) and "\n" not in str(e.value)
+    assert mode(other) == 0o755  # not ours to change
+
+
+def test_strata_up_tightens_its_state_directory(tmp_path, loose_umask):
+    """Through the command: the state directory, its logs/ and run/ are 0700 once `strata up` ran (a
+    master alone, stopped again)."""
+    import subprocess
+    import sys
+
+    from strata.examples import BATTLEFIELD_TOML
+
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text(BATTLEFIELD_TOML)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    up = [sys.executable, "-m", "strata", "up", "--config", str(cfg), "--levels", "S", "--workers", "0",
+          "--state-dir", str(state)]
+    try:
+        r = subprocess.run(up, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert mode(state) == 0o700 and mode(state / "logs") == 0o700 and mode(state / "run") == 0o700
+        assert mode(state / "cluster.json") & 0o077 == 0 and mode(state / "logs" / "master-S.log") == 0o600
+    finally:
+        subprocess.run([sys.executable, "-m", "strata", "down", "--state-dir", str(state)], timeout=60)

@@ -208,3 +208,45 @@ def test_the_login_rpc_throttles_by_the_callers_peer(battlefield, tmp_path):
     assert login("cid", "x", "ipv4:10.0.0.9:2") == LOGIN_FAILED
     assert login("ann", "right", "ipv4:10.0.0.9:3").startswith("login failed: too many failed attempts")
     assert login("ann", "right", "ipv4:10.0.0.10:1").token
+
+
+# ---- strata replay checks the credentials before it starts anything (issue 30 item 7) ----------------
+def test_replay_checks_the_password_before_anything_starts_and_throttles(tmp_path):
+    """A wrong password: one line, exit 3, and no embedded cluster started (no run directory made);
+    five failures lock the name for the master's lockout, across runs (the records are in a 0600 file
+    beside the users file), so the right password is refused too until then."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    from strata.examples import BATTLEFIELD_TOML
+
+    from .test_cluster_e2e import PASSWORD, write_config
+
+    cfg = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "S"})
+    data = tmp_path / "v.csv"
+    data.write_text("ts,level,sid,bp,pr,weight\n1,S,a,100,1,1\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+
+    def replay(password):
+        env = {**os.environ, "STRATA_PASSWORD": password, "TMPDIR": str(tmp)}
+        r = subprocess.run([sys.executable, "-m", "strata", "replay", "--config", str(cfg), "--user", "ann",
+                            "--query", "SELECT COUNT(*) FROM Vitals", "--input", f"Vitals={data}", "--output",
+                            str(tmp_path / "out.csv")], capture_output=True, text=True, timeout=120, env=env)
+        return r.returncode, r.stderr
+
+    for _ in range(5):
+        code, err = replay("wrong")
+        assert (code, err) == (3, "strata: login failed: unknown user or wrong password\n")
+    assert not list(tmp.iterdir())  # nothing was started: no embedded cluster's directory
+    from strata.config import load_config
+    from strata.deploy.replay import check_credentials
+    from strata.errors import CliError
+
+    with pytest.raises(CliError) as e:  # the next run's check (in this process: no start-up time passes)
+        check_credentials(load_config(cfg), "ann", PASSWORD, None)
+    assert e.value.code == 3 and str(e.value).startswith("login failed: too many failed attempts; retry in ")
+    records = cfg.with_name("strata.users.json.failures")
+    assert stat.S_IMODE(records.stat().st_mode) == 0o600

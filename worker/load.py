@@ -14,6 +14,15 @@ Two readings (``[cluster] load_reading``, ``strata worker --load-reading``):
     share one host (``strata up``, the demo, tests), where the host reading is the
     same for all of them and is >= 90 % whenever the cluster works.  Another level's
     processes are not in it either.
+
+A worker whose Spark master is a cluster (``[groups."L"] spark_master = "spark://..."``)
+computes on the cluster's executors, not on its own host, so either reading of its host
+would say nothing about whether it can take a chunk.  Its reading is the share of its
+executors' task slots (their cores) that were busy (:class:`ExecutorSlotsLoad`): the task
+time its executors finished since the previous reading over the interval's slot time, or the
+share of slots running a task now, whichever is higher (a short job that ran between two
+readings shows in the first, a long one still running in the second), from Spark's own status
+store (:func:`spark_executor_samples`).  No executor reads 100 % (it can compute nothing).
 """
 
 from __future__ import annotations
@@ -21,20 +30,14 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
-__all__ = ["READINGS", "host_cpu_percent", "tree_cpu_times", "ProcessTreeLoad", "spark_cores", "make_load"]
+from strata.cpusets import host_cpu_percent
+
+__all__ = ["READINGS", "host_cpu_percent", "tree_cpu_times", "ProcessTreeLoad", "spark_cores", "make_load",
+           "ExecutorSample", "ExecutorSlotsLoad", "spark_executor_samples"]
 
 READINGS = ("host", "process")
-
-
-def host_cpu_percent() -> float:
-    """The load of the CPUs this process may run on, in percent (psutil, non-blocking)."""
-    import psutil
-
-    per = psutil.cpu_percent(percpu=True)
-    mine = [per[i] for i in sorted(os.sched_getaffinity(0)) if i < len(per)]
-    return float(sum(mine) / len(mine)) if mine else float(psutil.cpu_percent(interval=None))
 
 
 def tree_cpu_times(pid: int) -> dict[int, float]:
@@ -97,10 +100,71 @@ class ProcessTreeLoad:
         return min(100.0, max(0.0, 100.0 * used / ((now - at) * self.cores)))
 
 
-def make_load(reading: str, spark_master: str | None = None) -> Callable[[], float]:
-    """The load function for ``reading`` (see the module docstring)."""
+class ExecutorSample(NamedTuple):
+    """One executor of a worker's Spark application as the status store shows it."""
+
+    id: str
+    cores: int
+    active_tasks: int
+    #: the summed duration of the executor's finished tasks so far, in milliseconds
+    task_ms: float
+
+
+class ExecutorSlotsLoad:
+    """The busy share of a Spark application's executor task slots, in % (module docstring).
+
+    ``source`` returns the executors now (:class:`ExecutorSample`, the driver left out).  The first
+    call has no interval and reads the slots busy now only."""
+
+    def __init__(self, source: Callable[[], list[ExecutorSample]], clock: Callable[[], float] = time.monotonic):
+        self._source = source
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._at: float | None = None
+
+    def __call__(self) -> float:
+        now, execs = self._clock(), list(self._source())
+        last, at = self._last, self._at
+        self._last, self._at = {e.id: float(e.task_ms) for e in execs}, now
+        cores = sum(max(0, int(e.cores)) for e in execs)
+        if cores <= 0:
+            return 100.0  # no executor (yet, or any more): this worker can take no chunk
+        busy_now = 100.0 * sum(max(0, int(e.active_tasks)) for e in execs) / cores
+        busy_interval = 0.0
+        if at is not None and now > at:
+            # an executor new since the last reading: its finished tasks all ran in this interval (roughly)
+            done_ms = sum(max(0.0, float(e.task_ms) - last.get(e.id, 0.0)) for e in execs)
+            busy_interval = 100.0 * done_ms / 1000.0 / ((now - at) * cores)
+        return min(100.0, max(0.0, busy_now, busy_interval))
+
+
+def spark_executor_samples(session) -> Callable[[], list[ExecutorSample]]:
+    """A source for :class:`ExecutorSlotsLoad`: the executors of ``session``'s application (its
+    SparkContext's status store: cores, active tasks, finished task time), the driver left out."""
+    jsc = session.sparkContext._jsc.sc()
+
+    def samples() -> list[ExecutorSample]:
+        executors = jsc.statusStore().executorList(True)  # active executors only
+        out = []
+        for i in range(executors.size()):
+            e = executors.apply(i)
+            if e.id() == "driver":
+                continue
+            out.append(ExecutorSample(str(e.id()), int(e.totalCores()), int(e.activeTasks()), float(e.totalDuration())))
+        return out
+
+    return samples
+
+
+def make_load(reading: str, spark_master: str | None = None,
+              executors: Callable[[], list[ExecutorSample]] | None = None) -> Callable[[], float]:
+    """The load function for ``reading`` (see the module docstring).  A worker whose ``spark_master``
+    is a cluster and that gives its ``executors`` (:func:`spark_executor_samples`) reads their task
+    slots whatever ``reading`` says; ``local[N]`` keeps ``reading``."""
+    if reading not in READINGS:
+        raise ValueError(f"load reading must be one of {', '.join(READINGS)}, not {reading!r}")
+    if executors is not None and spark_master and not spark_master.strip().startswith("local"):
+        return ExecutorSlotsLoad(executors)
     if reading == "host":
         return host_cpu_percent
-    if reading == "process":
-        return ProcessTreeLoad(spark_cores(spark_master))
-    raise ValueError(f"load reading must be one of {', '.join(READINGS)}, not {reading!r}")
+    return ProcessTreeLoad(spark_cores(spark_master))

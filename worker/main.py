@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 from strata.config import config_of
 from strata.errors import EXIT_OK
-from strata.serving import add_process_options, exit_now, group_spec_of, ready_writer, server_tls
+from strata.serving import add_process_options, exit_now, group_spec_of, ready_writer, server_tls, start_logging
 
 __all__ = ["cmd_worker", "add_parsers"]
 
@@ -18,7 +17,14 @@ __all__ = ["cmd_worker", "add_parsers"]
 def cmd_worker(args) -> int:
     from strata.worker.server import serve_worker
 
+    start_logging(args)
     cfg = config_of(args)
+    from strata.spark_settings import spark_settings
+
+    # the level's Spark: --spark-master, else [groups."L"] spark_master, else $STRATA_SPARK_MASTER, else
+    # local[1]; a cluster's secret is read now (a missing or exposed file: one line before anything starts)
+    spark = spark_settings(cfg, args.level, args.spark_master)
+    secret = None if spark.is_local else spark.read_secret()
     from strata.cpusets import pin_current_process
     pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only (the JVM inherits them)
     tls_dir = server_tls(args, cfg, "worker")
@@ -35,9 +41,10 @@ def cmd_worker(args) -> int:
                 print(f"[strata] starting in {wait:.1f} s if the run still goes on then (as long as the start-up "
                       f"before this worker took)", file=sys.stderr, flush=True)
                 time.sleep(wait)  # a run that ends sooner stops this process meanwhile (SIGTERM)
-    serve_worker(cfg, args.level, args.listen, spec, spark_master=args.spark_master,
+    serve_worker(cfg, args.level, args.listen, spec, spark_master=spark.master,
                  ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading,
-                 warm_queries=_read_warm_queries(args.warm_queries))
+                 warm_queries=_read_warm_queries(args.warm_queries), spark_conf=dict(spark.conf),
+                 spark_secret=secret)
     exit_now(EXIT_OK)
 
 
@@ -81,7 +88,10 @@ def add_parsers(sub) -> None:
     w = sub.add_parser("worker", help="run a worker of one level (gRPC + Spark + group heartbeats)")
     add_process_options(w)
     w.add_argument("--listen", default="127.0.0.1:0")
-    w.add_argument("--spark-master", default=os.environ.get("STRATA_SPARK_MASTER", "local[1]"))
+    w.add_argument("--spark-master", default=None,
+                   help='the Spark master (overrides the configuration\'s [groups."L"] spark_master; without '
+                        'either, $STRATA_SPARK_MASTER, else local[1]): local, local[N], local[*] or '
+                        'spark://host:port (the level\'s own cluster, with [groups."L"] spark_secret_file)')
     w.add_argument("--start-after", help=argparse.SUPPRESS)
     w.add_argument("--start-lazily", action="store_true", help=argparse.SUPPRESS)
     w.add_argument("--warm-queries", metavar="FILE",

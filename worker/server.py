@@ -15,7 +15,7 @@ from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.serving import build_server, run_until_stopped
 
-from .service import QuerySpecData, WorkerCore, WorkerRefused, one_line
+from .service import QuerySpecData, WorkerCore, WorkerFenced, WorkerRefused, one_line
 
 __all__ = ["WorkerServicer", "serve_worker"]
 
@@ -38,6 +38,11 @@ class WorkerServicer(rpc.WorkerServicer):
     def Execute(self, request, context):
         chunk = request.chunk  # once: every read of a bytes field copies it (a unit: tens of MB)
         self._auth(context, request.level, execute_digest(request, chunk))
+        try:  # fencing (after the signature: the epoch is signed): a replaced master drives no worker
+            self.core.fence(request.epoch)
+        except WorkerFenced as e:
+            log.warning("refused an Execute: %s (stale_epoch %d)", e, self.core.refused["stale_epoch"])
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         specs = [QuerySpecData(q.query_id, q.text, q.level) for q in request.queries]
         try:
             t0 = time.perf_counter()
@@ -72,13 +77,29 @@ class WorkerServicer(rpc.WorkerServicer):
 
 
 
+def driver_host(listen: str, environ=None) -> str | None:
+    """The address a worker's Spark driver binds to and announces to a cluster's executors: the host
+    of its ``--listen`` address (the level's interface), or ``STRATA_GROUP_INTERFACE`` when it listens
+    on every interface; None when neither names one (Spark then picks an interface itself)."""
+    environ = os.environ if environ is None else environ
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    host = host.strip().strip("[]")
+    if host and host not in ("0.0.0.0", "::", "*"):
+        return host
+    return (environ.get("STRATA_GROUP_INTERFACE") or "").strip() or None
+
+
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
                  ready=None, stop_event: threading.Event | None = None, tls_dir=None,
-                 load_reading: str = "host", warm_queries: list[str] | tuple = ()) -> None:
+                 load_reading: str = "host", warm_queries: list[str] | tuple = (),
+                 spark_conf: dict | None = None, spark_secret: str | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop_event``).
 
+    ``spark_master``, ``spark_conf``, ``spark_secret``: the level's Spark (strata/spark_settings.py):
+    a cluster master needs the secret, and the driver binds to :func:`driver_host` of ``listen``.
     ``load_reading``: the CPU reading its heartbeats carry for Algorithm 5
-    (``host`` or ``process``, see :mod:`strata.worker.load`).
+    (``host`` or ``process``, see :mod:`strata.worker.load`); a worker on a cluster reads its
+    executors' task slots instead.
     ``warm_queries``: texts of the queries the run will register, if known (an embedded run's):
     the warm-up evaluates their shapes instead of generic ones (worker/warmup.py).
 
@@ -96,7 +117,9 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
 
     def start_session():
         try:
-            box["spark"] = get_session(master=spark_master, app_name=f"strata-worker-{level}", build_cds=True)
+            box["spark"] = get_session(master=spark_master, app_name=f"strata-worker-{level}", build_cds=True,
+                                       conf=spark_conf, secret=spark_secret, driver_host=driver_host(listen),
+                                       level=level)
         except BaseException as e:  # noqa: BLE001 - raised below, in the calling thread
             box["error"] = e
         box["seconds"] = time.perf_counter() - t0
@@ -117,9 +140,22 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     if "error" in box:
         raise box["error"]
     spark, t_session = box["spark"], box["seconds"]
+    from strata.worker.load import make_load, spark_executor_samples
+
+    cluster = not spark_master.startswith("local")
+    executors = spark_executor_samples(spark) if cluster else None
     engine = Engine(spark, config)
     warm = warm_up(engine, config, level, prepared=prepared)
-    print(f"[strata] worker start-up: Spark session {t_session:.1f} s, warm-up {warm['seconds']:.1f} s "
+    where = ""
+    if executors is not None:
+        try:
+            found = executors()
+            cores = sum(e.cores for e in found)
+            where = (f" on {spark_master} ({len(found)} executor{'s' if len(found) != 1 else ''}, "
+                     f"{cores} core{'s' if cores != 1 else ''})")
+        except Exception as e:  # noqa: BLE001 - only the start-up line misses it
+            where = f" on {spark_master} (executors unknown: {e.__class__.__name__})"
+    print(f"[strata] worker start-up: Spark session {t_session:.1f} s{where}, warm-up {warm['seconds']:.1f} s "
           f"({warm['steps']} chunks)", file=sys.stderr, flush=True)
     core = WorkerCore(config, level, engine)
     core.startup = {"session_seconds": round(t_session, 3), "warmup": warm}
@@ -133,12 +169,11 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, credentials=creds,
                                    max_workers=4, interceptors=interceptors)
     servicer.sid = address
-    from strata.worker.load import make_load
 
     # a fresh Ed25519 identity signs this process's heartbeats; Info tells it to the master.
     # slots: chunks evaluated concurrently (advertised for the master's credit-based dispatch)
     member = GroupMember(spec, sid=address, role="worker", stats=core.stats,
-                         load=make_load(load_reading, spark_master), slots=2)
+                         load=make_load(load_reading, spark_master, executors=executors), slots=2)
     servicer.member = member
     if os.environ.get("STRATA_CPU_OVERRIDE"):  # an injected load reading (tests, drills)
         member.cpu_override = float(os.environ["STRATA_CPU_OVERRIDE"])

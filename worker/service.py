@@ -32,11 +32,16 @@ from strata.mlscql import CompiledQuery, QueryError, compile_query
 
 from .shared import SharedExecutor
 
-__all__ = ["WorkerCore", "WorkerRefused", "QuerySpecData", "one_line"]
+__all__ = ["WorkerCore", "WorkerRefused", "WorkerFenced", "QuerySpecData", "one_line"]
 
 
 class WorkerRefused(PermissionError):
     """A request this worker must not execute (wrong level, unauthorized data)."""
+
+
+class WorkerFenced(WorkerRefused):
+    """An Execute from a master of an epoch below the highest this worker has seen: a master that a
+    standby replaced (docs/operations.md, *Standby masters*) must not drive the level's workers."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class WorkerCore:
         self.seen_levels: Counter = Counter()  # tuples received, per level
         self.refused: Counter = Counter()
         self.busy_seconds = 0.0
+        self.epoch = 0  # the highest master epoch seen in a signed Execute (0: none; masters without standbys)
 
     def _config_for(self, streams: tuple):
         """This worker's configuration plus the streams a chunk says were added at run time (the
@@ -79,6 +85,20 @@ class WorkerCore:
                     self._compiled.clear()
                 self._compiled[key] = cq
         return cq
+
+    def fence(self, epoch: int) -> None:
+        """Fencing: refuse (:class:`WorkerFenced`, counted ``stale_epoch``) a signed Execute whose master
+        epoch is below the highest seen so far, else remember it.  Epoch 0 (a master without standbys)
+        is neither checked nor remembered."""
+        epoch = int(epoch or 0)
+        if not epoch:
+            return
+        with self._lock:
+            if epoch < self.epoch:
+                self.refused["stale_epoch"] += 1
+                raise WorkerFenced(f"fenced: epoch {epoch} is older than epoch {self.epoch} this worker has seen; "
+                                   f"a newer master of level {self.level} is active")
+            self.epoch = epoch
 
     def execute(self, level: str, specs: list[QuerySpecData], chunk_bytes: bytes) -> list[bytes]:
         if level != self.level:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from strata.config import Config, ConfigError
+from strata.private import private_dir
 
 __all__ = ["execute_wire", "group_spec", "load_or_create_key", "sign_request", "verify_request", "level_slug", "AUTH_HEADER",
            "derive_key", "KEY_PURPOSES", "execute_digest"]
@@ -58,7 +59,7 @@ def load_or_create_key(path: Path, create: bool) -> bytes:
         return key
     if not create:
         raise ConfigError(f"{path}: group key file missing (strata up creates one)")
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path.parent, "key directory")
     key = os.urandom(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -173,14 +174,19 @@ def verify_request(key: bytes, level: str, payload_digest: bytes, header: str | 
 
 
 def execute_digest(req, chunk: bytes | None = None) -> bytes:
-    """What the group MAC of an Execute call (a ``pb.ExecuteRequest``) covers: level, queries and
-    chunk bytes.  The master signs it (:func:`sign_request`), the worker checks it.  ``chunk``: the
-    request's chunk bytes when the caller has them already (reading ``req.chunk`` copies them: ~45 ms
-    for a 44 MB unit); ``req`` then needs only ``level`` and ``queries``."""
+    """What the group MAC of an Execute call (a ``pb.ExecuteRequest``) covers: level, queries, the
+    master's epoch (a master with standbys; none: 0, not hashed, the digest of before) and chunk
+    bytes.  The master signs it (:func:`sign_request`), the worker checks it (and fences an epoch
+    below the highest it has seen).  ``chunk``: the request's chunk bytes when the caller has them
+    already (reading ``req.chunk`` copies them: ~45 ms for a 44 MB unit); ``req`` then needs only
+    ``level``, ``queries`` and ``epoch``."""
     h = hashlib.sha256()
     h.update(req.level.encode())
     for q in req.queries:
         h.update(b"\x00" + q.query_id.encode() + b"\x00" + q.level.encode() + b"\x00" + q.text.encode())
+    epoch = int(getattr(req, "epoch", 0) or 0)
+    if epoch:
+        h.update(b"\x02" + epoch.to_bytes(8, "big"))
     h.update(b"\x01")
     h.update(req.chunk if chunk is None else chunk)
     return h.digest()

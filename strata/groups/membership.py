@@ -68,11 +68,16 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable
 
+from strata.cpusets import host_cpu_percent
+from strata.logs import RepeatLimiter
+
 __all__ = ["Heartbeat", "GroupTable", "GroupMember", "GroupSpec", "Identity", "encode_heartbeat",
            "decode_heartbeat", "encode_payload", "validate_fields", "HeartbeatError", "AddressProofs",
            "AddressProver", "info_probe", "MAGIC", "STATES", "ROLES", "receiver", "sender"]
 
 log = logging.getLogger("strata.group")
+#: a datagram from the network that breaks the decoder: logged once a minute, with a count
+limited = RepeatLimiter(log)
 
 MAGIC = b"STRATA-HB2"
 OLD_MAGIC = b"STRATA-HB1"  # version 1: plaintext JSON with an HMAC (refused)
@@ -306,7 +311,7 @@ class GroupTable:
             self.rejected[e.reason] += 1
             return None
         except Exception:  # noqa: BLE001 - no datagram may stop a receiver; should never happen
-            log.exception("heartbeat decoding failed")
+            limited.exception("decode", "heartbeat decoding failed")
             self.rejected["internal"] += 1
             return None
         return self.admit(hb, now)
@@ -498,6 +503,7 @@ class GroupMember:
         self._threads: list[threading.Thread] = []
         self.state = "master" if role == "master" else "ready"
         self.cpu_override: float | None = None  # tests inject a load reading
+        self.limited = RepeatLimiter(log)  # a warning of the heartbeat loops: once a minute, with a count
         self.send_errors: Counter = Counter()
         self._rx = receiver(spec)
         self._tx = sender(spec)
@@ -533,7 +539,7 @@ class GroupMember:
             v = float(self.cpu_override if self.cpu_override is not None else self._load())
         except Exception as e:  # noqa: BLE001 - a failing reading must not stop the heartbeats
             self.send_errors["load"] += 1
-            log.warning("load reading failed: %s", e)
+            self.limited.warning("load", "load reading failed: %s", e)
             return 100.0
         if not math.isfinite(v):
             self.send_errors["load"] += 1
@@ -555,7 +561,7 @@ class GroupMember:
             data = encode_heartbeat(hb, self.spec.key, self.identity)
         except HeartbeatError as e:
             self.send_errors[e.reason] += 1
-            log.warning("heartbeat not sent: %s", e)
+            self.limited.warning("send", "heartbeat not sent: %s", e)
             return
         try:
             self._tx.sendto(data, (self.spec.address, self.spec.port))
@@ -567,7 +573,7 @@ class GroupMember:
             try:
                 self.heartbeat_now()
             except Exception:  # noqa: BLE001 - the sender never dies
-                log.exception("heartbeat failed; continuing")
+                self.limited.exception("send-loop", "heartbeat failed; continuing")
             self._stop.wait(self.spec.interval)
 
     def _recv_loop(self) -> None:
@@ -593,7 +599,7 @@ class GroupMember:
                         self.table.receive(data, self._clock())
                     self.table.expire(self._clock())
             except Exception:  # noqa: BLE001 - the receiver never dies
-                log.exception("heartbeat handling failed; continuing")
+                self.limited.exception("recv-loop", "heartbeat handling failed; continuing")
                 with self._lock:
                     self.table.rejected["internal"] += 1
 
@@ -639,6 +645,7 @@ class AddressProver:
         self.proofs = proofs or AddressProofs()
         self._answers: deque = deque()
         self.failures: Counter = Counter()
+        self.limited = RepeatLimiter(log)
 
     def answer(self, sid: str, identity: str | None, error: str = "", channel=None) -> None:
         self._answers.append((sid, identity, error, channel))
@@ -659,7 +666,7 @@ class AddressProver:
                     log.info("worker %s proved its identity key %s…", sid, identity[:16])
             else:
                 self.failures["probe_failed"] += 1
-                log.info("identity probe of %s failed: %s", sid, error)
+                self.limited.log(logging.INFO, "probe", "identity probe of %s failed: %s", sid, error)
             self.proofs.finished(sid, bound, now)
         for sid in self.proofs.due(self.member.claimed(), now):
             try:
@@ -706,9 +713,8 @@ def _pid() -> int:
 
 
 def _cpu_percent() -> float:
-    """The default reading: the load of the CPUs this process may run on (worker/load.py)."""
-    from .load import host_cpu_percent
-
+    """The default reading: the load of the CPUs this process may run on (the master's heartbeats;
+    a worker passes Algorithm 5's reading of worker/load.py)."""
     return host_cpu_percent()
 
 

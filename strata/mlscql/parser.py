@@ -11,8 +11,8 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast as A
-from .errors import ParseError, QueryError
-from .limits import check_number_tokens
+from .errors import LimitError, ParseError, QueryError
+from .limits import MAX_EXPR_DEPTH, MAX_NESTING, check_text, check_tree
 
 __all__ = ["parse", "QueryError", "ParseError"]
 
@@ -362,19 +362,31 @@ def _describe_expected(expected) -> str:
     return ", ".join(names)
 
 
+_TOO_DEEP = (f"query too deeply nested to parse here (at most {MAX_NESTING} nested SELECTs and {MAX_EXPR_DEPTH} "
+              f"nested operators)")
+
+
 def parse(text: str) -> A.Query | A.Compound:
-    """Parse one MLS-CQL query; raises ParseError with line/column on bad input (LimitError for a
-    number written with absurdly many digits; window sizes and values are bounded by the analyzer)."""
+    """Parse one MLS-CQL query; raises ParseError with line/column on bad input, LimitError for a
+    text, a nesting of SELECTs or an expression beyond the bounds of ``limits.py`` or a number
+    written with absurdly many digits (window sizes and values are bounded by the analyzer)."""
     if not isinstance(text, str) or not text.strip():
         raise ParseError("empty query")
+    check_text(text)  # before lark: its time grows with the text
     try:
-        tree = _parser().parse(text)
-        check_number_tokens(tree)  # before int()/float() meet a number of thousands of digits
+        tree = _parser().parse(text)  # LALR: iterative, whatever the nesting
+        # before anything recursive (the transformer recurses once per level of the tree) and before
+        # int()/float() meet a number of thousands of digits; itself iterative
+        check_tree(tree)
         return _ToAst().transform(tree)
     except VisitError as e:
         if isinstance(e.orig_exc, QueryError):
             raise e.orig_exc from None
+        if isinstance(e.orig_exc, RecursionError):  # out of stack within the bounds: still one line
+            raise LimitError(_TOO_DEEP) from None
         raise
+    except RecursionError:
+        raise LimitError(_TOO_DEEP) from None
     except UnexpectedEOF as e:
         raise ParseError(f"unexpected end of query; expected {_describe_expected(e.expected)}") from None
     except UnexpectedToken as e:

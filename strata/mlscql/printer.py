@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+
+from strata.names import NAME_KEYWORDS, RESERVED_WORDS
 
 from . import ast as A
 
@@ -56,7 +59,7 @@ def expr_text(e: A.Expr) -> str:
     if isinstance(e, A.Literal):
         return _literal(e)
     if isinstance(e, A.LevelLiteral):
-        return e.text
+        return level_text(e.text)
     if isinstance(e, A.Aggregate):
         return f"{e.func}({'*' if e.arg is None else ('DISTINCT ' if e.distinct else '') + expr_text(e.arg)})"
     if isinstance(e, A.Unary):
@@ -83,10 +86,34 @@ def _amount(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
+# what the lexer reads as one NAME (grammar.lark's NAME: strata/names.py's NAME_KEYWORDS are not names;
+# a test keeps the two lists equal), as an INT, and the words that, where an expression may stand, lex as
+# something else (TRUE, NULL, ISTREAM, ..., an aggregate before '(', a time unit after a number)
+_NAME = re.compile(r"(?!(" + "|".join(NAME_KEYWORDS) + r")\b)[A-Za-z_][A-Za-z0-9_]*\Z", re.I)
+_INT = re.compile(r"[0-9]+\Z")
+_WORDS = re.compile(r"(COUNT|SUM|AVG|MIN|MAX|SECONDS?|SECS?|MINUTES?|MINS?|HOURS?|DAYS?|MILLISECONDS?|MS)\Z", re.I)
+
+
+def _bare_name(text: str) -> bool:
+    return bool(_NAME.match(text)) and text.upper() not in RESERVED_WORDS and not _WORDS.match(text)
+
+
+def _bare_vector(text: str) -> bool:
+    """Whether ``text`` reads back as a vector literal (``level_vector``: NAME, INT or ⊥ components;
+    inside ``[…]`` the contextual lexer expects nothing else, so ``[TRUE,null]`` is a vector)."""
+    if not (text.startswith("[") and text.endswith("]")):
+        return False
+    return all(c == "⊥" or _INT.match(c) or _NAME.match(c) for c in text[1:-1].split(","))
+
+
 def level_text(level: str) -> str:
-    """A level as a query spells it: a name or a vector (``[1,B]``) as it is, anything else (a
-    classification with categories, ``(S,{NATO})``) as a quoted string."""
-    if level.isidentifier() or (level.startswith("[") and level.endswith("]") and "'" not in level):
+    """A level literal as a query spells it so that it parses back to the same level: a plain name
+    (``S``) or a vector the grammar reads as one (``[1,B]``, ``[⊥,T]``) as it is; anything else
+    quoted as a string (``'(S,{NATO})'``, ``'(U,{})'``, a vector with a component the lexer does
+    not read as a name or a number, a name that is a keyword).  A quoted level is valid wherever
+    a level literal stands next to ``level`` (window clauses, ``=``/``!=``, ``IN {…}``/``IN (…)``,
+    ``DOMINATED BY``); a level literal anywhere else was written as a vector and prints bare."""
+    if _bare_name(level) or _bare_vector(level):
         return level
     return "'" + level.replace("'", "''") + "'"
 

@@ -279,6 +279,62 @@ class StreamsReply(_message.Message):
     streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ...) -> None: ...
 
+class FollowRequest(_message.Message):
+    __slots__ = ("epoch", "owner", "last_seq", "follower", "confirmed")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    owner: str
+    last_seq: int
+    follower: str
+    confirmed: int
+    def __init__(self, epoch: _Optional[int] = ..., owner: _Optional[str] = ..., last_seq: _Optional[int] = ..., follower: _Optional[str] = ..., confirmed: _Optional[int] = ...) -> None: ...
+
+class LogRecord(_message.Message):
+    __slots__ = ("kind", "lsn", "body", "data")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    lsn: int
+    body: bytes
+    data: bytes
+    def __init__(self, kind: _Optional[str] = ..., lsn: _Optional[int] = ..., body: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("asker", "epoch", "last_seq")
+    ASKER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    asker: str
+    epoch: int
+    last_seq: int
+    def __init__(self, asker: _Optional[str] = ..., epoch: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("role", "epoch", "owner", "last_seq", "active", "address", "synced", "node")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    epoch: int
+    owner: str
+    last_seq: int
+    active: str
+    address: str
+    synced: bool
+    node: str
+    def __init__(self, role: _Optional[str] = ..., epoch: _Optional[int] = ..., owner: _Optional[str] = ..., last_seq: _Optional[int] = ..., active: _Optional[str] = ..., address: _Optional[str] = ..., synced: _Optional[bool] = ..., node: _Optional[str] = ...) -> None: ...
+
 class CancelRequest(_message.Message):
     __slots__ = ("query_ids",)
     QUERY_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -302,14 +358,16 @@ class QuerySpec(_message.Message):
     def __init__(self, query_id: _Optional[str] = ..., text: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("level", "queries", "chunk")
+    __slots__ = ("level", "queries", "chunk", "epoch")
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     level: str
     queries: _containers.RepeatedCompositeFieldContainer[QuerySpec]
     chunk: bytes
-    def __init__(self, level: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[QuerySpec, _Mapping]]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+    epoch: int
+    def __init__(self, level: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[QuerySpec, _Mapping]]] = ..., chunk: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ExecuteReply(_message.Message):
     __slots__ = ("results", "seconds")

@@ -90,6 +90,16 @@ class MasterStub:
                 request_serializer=strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
                 response_deserializer=strata_dot_rpc_dot_strata__pb2.StreamsReply.FromString,
                 _registered_method=True)
+        self.Follow = channel.stream_stream(
+                '/strata.rpc.Master/Follow',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.FollowRequest.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.LogRecord.FromString,
+                _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/strata.rpc.Master/Probe',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.ProbeReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -179,6 +189,25 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Follow(self, request_iterator, context):
+        """---- master <-> master of the same level (standby masters, docs/operations.md) ----
+        Only a master certificate of this level, with a request signed with the level's group key.
+        A standby follows the active master's event log: its first message opens (FollowRequest with
+        its epoch and position), the later ones confirm the records it stored (`confirmed`).  The
+        active answers with a base snapshot of its state file, then every write as it is committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Probe(self, request, context):
+        """What a master is (active, standby, starting), its epoch and position: asked by a master that
+        starts or whose Follow stream broke, to decide whom to follow or whether to take over.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -236,6 +265,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Streams,
                     request_deserializer=strata_dot_rpc_dot_strata__pb2.Empty.FromString,
                     response_serializer=strata_dot_rpc_dot_strata__pb2.StreamsReply.SerializeToString,
+            ),
+            'Follow': grpc.stream_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.FollowRequest.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.LogRecord.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.ProbeRequest.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.ProbeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +575,60 @@ class Master:
             '/strata.rpc.Master/Streams',
             strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
             strata_dot_rpc_dot_strata__pb2.StreamsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/strata.rpc.Master/Follow',
+            strata_dot_rpc_dot_strata__pb2.FollowRequest.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.LogRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strata.rpc.Master/Probe',
+            strata_dot_rpc_dot_strata__pb2.ProbeRequest.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.ProbeReply.FromString,
             options,
             channel_credentials,
             insecure,
