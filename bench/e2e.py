@@ -39,6 +39,8 @@ from strata.deploy.local import alive, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.rpc import strata_pb2 as pb
 from strata.users import ROLES, UserStore
+from strata.groups import level_slug
+from strata.worker.load import tree_cpu_times
 
 PASSWORD = "bench passphrase, not a secret"
 USER = "bench"
@@ -111,8 +113,6 @@ class BenchCluster:
 
         Less sensitive than wall time to other jobs on a shared host: it counts the work the
         cluster did, not how long it waited for a core."""
-        from strata.worker.load import tree_cpu_times
-
         return sum(sum(tree_cpu_times(pid).values()) for pid in self.pids().values())
 
     def client(self) -> Client:
@@ -141,7 +141,6 @@ class BenchCluster:
         ready = Path(m["ready"])
         ready.unlink(missing_ok=True)
         # a master restores its timeline from the state dir (persistence); every run needs a fresh one
-        from strata.groups import level_slug
 
         for f in self.state.glob(f"master-{level_slug(self.level)}.sqlite*"):
             f.unlink(missing_ok=True)

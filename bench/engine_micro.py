@@ -104,6 +104,7 @@ def shift(table: pa.Table, offset: int) -> pa.Table:
 
 
 def run(args) -> str:
+    # deferred: child() times a fresh process's imports of the worker's modules; at the top they would load first
     from strata.worker.engine import Engine
     from strata.worker.spark import get_session
 
@@ -183,6 +184,7 @@ def _vitals(n_instants: int, per: int, seed: int = 5, first: int = 0) -> pa.Tabl
 
 def _chunks(cfg, queries: list[str], table: pa.Table, k: int, level: str = "TS"):
     """The master's chunks of ``k`` instants (legacy included, ROWS windows pruned as on the wire)."""
+    # deferred: child() times a fresh process's imports of the worker's modules; at the top they would load first
     from strata.chunking.prune import prune_chunk
     from strata.master.local import cut_chunks
 
@@ -200,6 +202,7 @@ def _median_row(label: str, runs: list[tuple[float, float]]) -> str:
 def run_ab(args) -> str:
     """Each comparison runs its variants alternately on consecutive chunks of one stream, after
     a warm-up; median wall and CPU seconds per chunk."""
+    # deferred: child() times a fresh process's imports of the worker's modules; at the top they would load first
     from strata.worker.engine import Engine
     from strata.worker.warmup import warm_up
     from strata.worker.shared import SharedExecutor
@@ -276,6 +279,7 @@ def run_ab(args) -> str:
 def child(spec: dict) -> dict:
     """Runs in a fresh process: session, warm-up (``spec['budget']``), then chunks; timings."""
     t_start = time.perf_counter()
+    # deferred: a fresh worker process pays these imports; t_session measures them too
     from strata.worker.engine import Engine
     from strata.worker.warmup import warm_up
     from strata.worker.shared import SharedExecutor
@@ -290,12 +294,13 @@ def child(spec: dict) -> dict:
     warm = warm_up(engine, cfg, "S", budget=spec.get("budget", -1.0), rounds=spec.get("rounds"))
     t_warm = time.perf_counter() - t0
     cpu_ready = _tree_cpu()
-    from strata.deploy.demo import QUERIES
+    from strata.deploy.demo import QUERIES  # deferred: the demo's queries, not this module's QUERIES
 
     queries = spec.get("queries") or QUERIES
-    from strata.deploy.demo import battlefield_data
+    from strata.deploy.demo import battlefield_data  # deferred: measured with the child's run, as above
 
     vit, pos = battlefield_data(spec.get("instants", 20), spec.get("per_instant", 400))
+    # deferred: measured with the child's run, as above
     from strata.master.local import cut_chunks
     from strata.chunking.prune import prune_chunk
 
@@ -338,7 +343,7 @@ def run_jvm(args) -> str:
     """Fresh process per run: session wall/CPU, the first warm-up step (the JVM's first
     statements), then 4 demo chunks of 5 instants; variants interleaved, ``--reps`` rounds.
     AppCDS variants need their archive: built first (``build_archive``) per option set."""
-    from strata.worker import spark as S
+    from strata.worker import spark as S  # deferred: fails here, before any variant runs, if it does not import
 
     for name, env in JVM_VARIANTS.items():
         if env.get("STRATA_CDS") != "0":

@@ -32,6 +32,13 @@ import threading
 import time
 from pathlib import Path
 
+from strata.client import Client
+from strata.config import load_config
+from strata.cpusets import parse_cpus
+from strata.deploy.local import start_cluster, stop_cluster
+from strata.examples import BATTLEFIELD_TOML
+from strata.users import ROLES, UserStore
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -44,8 +51,6 @@ TS_QUERIES = [
 
 
 def _client(address: str, tls_dir: str | None, level: str, user: str):
-    from strata.client import Client
-
     c = Client(address, tls_dir=tls_dir, level=level)
     c.login(user, PASSWORD, level)
     return c
@@ -56,8 +61,6 @@ def flood(master: str, tls_dir: str | None, cpus: str | None, rows: int) -> None
     import pyarrow as pa
 
     if cpus:
-        from strata.cpusets import parse_cpus
-
         os.sched_setaffinity(0, parse_cpus(cpus))
     c = _client(master, tls_dir, "TS", "tess")
     c.register(TS_QUERIES)
@@ -240,11 +243,6 @@ VARIANTS = {
 
 def run_cluster(pinned: bool, names: list[str], args, workdir: Path) -> list[dict]:
     """One U+TS cluster; measures the set-ups ``names`` (all with the same pinning) idle, then saturated."""
-    from strata.deploy.local import start_cluster, stop_cluster
-    from strata.config import load_config
-    from strata.examples import BATTLEFIELD_TOML
-    from strata.users import ROLES, UserStore
-
     tag = "pinned" if pinned else "shared"
     d = workdir / tag
     d.mkdir(parents=True, exist_ok=True)
@@ -274,8 +272,6 @@ def run_cluster(pinned: bool, names: list[str], args, workdir: Path) -> list[dic
         print(f"[{tag}] cluster up in {time.monotonic() - t0:.0f} s", flush=True)
         masters, tls = started["masters"], started.get("tls_dir")
         if pinned:  # the U client is part of U's side
-            from strata.cpusets import parse_cpus
-
             pin_all_threads(parse_cpus(args.u_cpus))
         probe = Probe(masters["U"], tls, args.period).start()  # primed: first results are in
         time.sleep(args.warmup)

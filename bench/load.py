@@ -41,6 +41,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench import workloads as W
+from bench.check import BenchCheckFailed, check_sample, compare_avg, duckdb_avg_rows
+from bench.e2e import BenchCluster
+from strata.arrowio import from_ipc
+from strata.client import Client
+from strata.examples import BATTLEFIELD_TOML
+from strata.rpc import strata_pb2 as pb
+from strata.rpc import strata_pb2_grpc as rpc
+from strata.tls import _material, dns_name
+from strata.users import UserStore
+
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "SELECT AVG(bp) FROM Vitals [ROWS 100]"
 LEVEL = "S"
@@ -107,17 +118,11 @@ def _subscribers_main() -> int:
 async def _subscribe_all(address, tls_dir, level, plan, ready, timeout) -> dict:
     import grpc
 
-    from strata.arrowio import from_ipc
-    from strata.rpc import strata_pb2 as pb
-    from strata.rpc import strata_pb2_grpc as rpc
-
     opts = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
     sessions = sorted({s for s, _, _ in plan})
     channels = {}
     for s in sessions:
         if tls_dir:
-            from strata.tls import _material, dns_name
-
             ca, cert, key = _material(tls_dir, "client", level)
             creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
             channels[s] = grpc.aio.secure_channel(address, creds, opts + [
@@ -161,10 +166,6 @@ def _visible(t: pa.Table) -> pa.Table:
 def run_one(cluster, n_subs: int, data: pa.Table, instant_rate: float, status_calls: int = 50,
             timeout: float = 600.0) -> dict:
     """A fresh master, 25 sessions, ``n_subs`` subscribers, a paced producer; the figures."""
-    from strata.client import Client
-
-    from bench.check import BenchCheckFailed
-
     cluster.new_master()
     m_pid = next(p["pid"] for p in cluster.record["processes"] if p["role"] == "master" and p["level"] == cluster.level)
 
@@ -335,10 +336,6 @@ def _mb(kb) -> float | None:
 def _check(got: dict | None, n_subs: int, data: pa.Table, n_instants: int) -> str:
     """Every subscriber: ended, one row per instant, equal to DuckDB on every instant; subscriber 0
     also equal to the reference evaluator at sampled instants."""
-    from strata.examples import BATTLEFIELD_TOML
-
-    from bench.check import BenchCheckFailed, check_sample, compare_avg, duckdb_avg_rows
-
     if got is None or "error" in got:
         raise BenchCheckFailed(f"load N={n_subs}: the subscribers failed: {(got or {}).get('error')}")
     states = got["states"]
@@ -363,12 +360,6 @@ def _check(got: dict | None, n_subs: int, data: pa.Table, n_instants: int) -> st
 
 def run(args, res: dict) -> None:
     """The ``load`` section of bench/run.py."""
-    from strata.examples import BATTLEFIELD_TOML
-    from strata.users import UserStore
-
-    from bench import workloads as W
-    from bench.e2e import BenchCluster
-
     p = args.p
     counts, per_instant, n_inst, rate = p["load_subscribers"], p["load_per_instant"], p["load_instants"], \
         p["load_instant_rate"]

@@ -35,6 +35,17 @@ import numpy as np
 import pyarrow.csv as pcsv
 
 from bench.load import cpu_seconds, rss_kb
+from bench import userpath as U
+from bench import workloads as W
+from bench.check import BenchCheckFailed
+from strata.arrowio import from_ipc, to_ipc
+from strata.chunking.model import ChunkResult
+from strata.client import Client
+from strata.inputs import instant_batches
+from strata.config import parse_config
+from strata.examples import BATTLEFIELD_TOML
+from strata.master.core import MasterCore
+from strata.master.store import MasterStore, config_fingerprint
 
 EVERY = 0.5
 POINTS = (0.1, 0.5, 0.9, 1.0)
@@ -119,9 +130,6 @@ def analyse(samples: list[dict], expected: int, tuples: int) -> dict:
 
 def run(args, res: dict) -> None:
     """The ``memory`` section of bench/run.py."""
-    from bench import userpath as U
-    from bench import workloads as W
-
     n = args.p["mem_tuples"]
     d = Path(tempfile.mkdtemp(prefix="strata-memory-"))
     cfg = U.setup(d)
@@ -140,8 +148,6 @@ def run(args, res: dict) -> None:
         m = next(p for p in rec["processes"] if p["role"] == "master")
         m_pid, address = int(m["pid"]), m["address"]
         env["STRATA_TLS_DIR"] = rec["tls_dir"]
-        from strata.client import Client
-
         op = Client(address, tls_dir=rec["tls_dir"], level=U.LEVEL)
         op.login("jane", U.PASSWORD, U.LEVEL)
         rss_idle = rss_kb(m_pid)
@@ -182,8 +188,6 @@ def run(args, res: dict) -> None:
     finally:
         subprocess.run(U.STRATA + ["down", "--state-dir", str(state)], env=env, capture_output=True)
     accepted = int(st.counters.get("accepted", 0))
-    from bench.check import BenchCheckFailed
-
     if accepted != expected:
         raise BenchCheckFailed(f"memory: the master accepted {accepted} tuples, {expected} expected")
     check = U.check_query_output(out, data)
@@ -224,16 +228,6 @@ def reproduce(tuples: int, per_instant: int = 20_000, trace: bool = False, every
 
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from strata.arrowio import from_ipc, to_ipc
-    from strata.chunking.model import ChunkResult
-    from strata.commands import instant_batches
-    from strata.config import parse_config
-    from strata.examples import BATTLEFIELD_TOML
-    from strata.master.core import MasterCore
-    from strata.master.store import MasterStore, config_fingerprint
-
-    from bench import workloads as W
 
     def own_rss() -> float:
         return (rss_kb(os.getpid()) or 0) / 1024

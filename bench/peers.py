@@ -27,6 +27,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench import userpath as U
+from bench.check import BenchCheckFailed
+from bench.workloads import vitals
+from strata.config import parse_config
+from strata.examples import BATTLEFIELD_TOML
+from strata.master.local import cut_chunks
+from strata.worker.engine import Engine
+from strata.worker.spark import get_session
+
 STRATA_RANGE_QUERY = "SELECT AVG(bp) FROM Vitals [RANGE 1 SECONDS]"
 
 
@@ -53,8 +62,6 @@ PEER_JVM = {"spark.driver.extraJavaOptions": ""}
 def _spark(peer_jvm: bool = False):
     """This process's session; ``peer_jvm``: if this call starts the JVM, start it as Spark does
     (:data:`PEER_JVM`).  The first call of a process decides."""
-    from strata.worker.spark import get_session
-
     return get_session(master="local[2]", app_name="strata-bench-peers", conf=PEER_JVM if peer_jvm else None)
 
 
@@ -100,8 +107,6 @@ def structured_streaming(table: pa.Table, files_per_batch: int) -> dict:
 
 
 def compare_range(rows: pa.Table, expected: pa.Table, what: str) -> None:
-    from bench.check import BenchCheckFailed
-
     # update mode may emit a window more than once: keep the last value per window
     got = {}
     for t, a in zip(rows.column("ts").to_pylist(), rows.column("a").to_pylist()):
@@ -167,11 +172,6 @@ def strata_range10(table: pa.Table, chunk_instants: int, engine=None) -> dict:
     ``chunk_instants`` instants (with the RANGE legacy of each), the worker's engine evaluates
     them one after the other (``Engine.run``, the interpreted session for small chunks, the
     pre-aggregation for RANGE aggregates).  Seconds of cutting and of evaluation, and the rows."""
-    from strata.config import parse_config
-    from strata.examples import BATTLEFIELD_TOML
-    from strata.master.local import cut_chunks
-    from strata.worker.engine import Engine
-
     cfg = parse_config(BATTLEFIELD_TOML)
     engine = engine or Engine(_spark(), cfg)
     t0 = time.perf_counter()
@@ -221,8 +221,6 @@ def sss_range10(table: pa.Table, files_per_batch: int) -> dict:
 def check_range10(expected: dict, rows: pa.Table, what: str, instants: set[int], levels: bool) -> int:
     """Compare a run with DuckDB at every instant (every (τ, sid) group, AVG within 1e-9, and the
     level when the run has one); returns how many groups were compared."""
-    from bench.check import BenchCheckFailed
-
     got: dict = {}
     names = rows.column_names
     tau_col = "ts" if "ts" in names else "tau"
@@ -250,11 +248,6 @@ def range_comparison(tuples: int = 1_000_000, per_instant: int = 20_000, chunk_l
                      runs: int = 3) -> dict:
     """Strata's engine path vs Structured Streaming on ``RANGE10_QUERY``'s data, both checked
     against DuckDB on every instant; runs interleaved (Strata, SSS, Strata, ...) in one session."""
-    from bench.workloads import vitals
-    from strata.config import parse_config
-    from strata.examples import BATTLEFIELD_TOML
-    from strata.worker.engine import Engine
-
     import os
 
     table = vitals(tuples, per_instant)
@@ -299,15 +292,11 @@ def range_cli(tuples: int = 1_000_000, small: int = 20_000, runs: int = 2, warm:
 
     import pyarrow.csv as pcsv
 
-    from bench import userpath as U
-
     d = Path(tempfile.mkdtemp(prefix="strata-range-cli-"))
     cluster = contextlib.ExitStack()  # the warm path's `strata up` cluster, stopped at the end
     try:
         cfg = U.setup(d)
         files = U.write_inputs(d, [small, tuples])
-        from bench.workloads import vitals
-
         tables = {n: vitals(n, U.PER_INSTANT) for n in (small, tuples)}
         expected = {n: duckdb_range10(t)[0] for n, t in tables.items()}
         instants = {n: set(int(x) for x in np.unique(t.column("ts").to_numpy())) for n, t in tables.items()}

@@ -137,6 +137,12 @@ def _plots(res: dict, out: Path) -> list[str]:
         ax.set_ylabel("seconds after the instant closed")
         ax.set_title(f"Per-instant latency at {lat['rate']:,} tuples/s")
         _save(fig, out, "latency.png", files)
+    if res.get("scaling"):
+        from bench.scaling import plot as scaling_plot
+
+        name = scaling_plot(res["scaling"], out)
+        if name:
+            files.append(name)
     return files
 
 
@@ -519,6 +525,196 @@ def _memory_section(me: dict) -> list[str]:
     return L
 
 
+def _us(x, d=2):
+    """Seconds per tuple as µs per tuple."""
+    return "—" if x is None else f"{x * 1e6:,.{d}f}"
+
+
+def _loads(xs) -> str:
+    xs = [x for x in xs or [] if x is not None]
+    if not xs:
+        return "—"
+    return f"{min(xs):g}" if min(xs) == max(xs) else f"{min(xs):g}-{max(xs):g}"
+
+
+#: a run that started with a 1-minute load average above the core count shared the machine with other jobs
+def _under_load(summary: dict, cpus: int) -> bool:
+    return any(x is not None and x > cpus for x in (summary.get("load_before") or []))
+
+
+def _scaling_section(sc: dict, files: list[str]) -> list[str]:
+    """Issue 31's scaling figure (bench/scaling.py): the three axes, the per-chunk costs, the model and
+    its projection."""
+    from bench.scaling import LINK_BYTES_PER_S, QUERIES
+
+    cpus = sc.get("cpus") or 2
+    small, big = sc.get("sizes", [20_000, 1_000_000])
+    targets = sc.get("targets") or []
+    L = ["## Scaling: workers, Spark executors, hosts (issue 31)" + _when(sc), ""]
+    L += [f"`python -m bench.run --only scaling{' --quick' if sc.get('mode') == 'quick' else ''}` "
+          f"(bench/scaling.py). Two battlefield workloads at level TS ({sc.get('per_instant', 20000):,} Vitals tuples "
+          "per instant, 4 levels, 1/4 each; all visible at TS): "
+          + "; ".join(f"**{wl}** `{q}`" for wl, q in QUERIES.items())
+          + ". The RANGE query sends every tuple to a worker; for ROWS 100 the master prunes each instant to its "
+          "last 100 tuples before a chunk leaves it. Every configuration runs on the path users run, default "
+          "settings: (a) `strata up --levels TS --workers W` then `strata replay --cluster` per run; (b) the level's "
+          "own Spark standalone cluster (master and two 1-core Spark workers started with pyspark's `spark-class`, "
+          "authentication, network and I/O encryption on) behind one Strata worker, `[groups.\"TS\"] spark_master` "
+          "with `spark.executor.cores = 1`, `spark.cores.max = E`; (c) hosts = network namespaces made by the "
+          "benchmark, `strata deploy up` (`transport = \"netns\"`), one worker per host, each host's config pinning "
+          "the level to its CPU set (`[groups.\"TS\"] cpus`), the client `strata replay --master` on the master's "
+          "host under `taskset`.", ""]
+    L += [f"*Labelled:* each configuration first ran every (workload, size) once **unmeasured** (its workers' "
+          "Spark has then run the query's shape at both sizes: the warm path); on the hosts axis the harness gives "
+          "each run a fresh master by stopping the deployed one and starting its recorded command again with a new "
+          "event log (what `strata replay --cluster` does for a `strata up` cluster; `strata deploy` has no such "
+          "command). Nothing else is injected. Throughput = tuples / the replay's own processing time (first tuple "
+          "sent → last result; the fresh master's start is apart), median of "
+          f"{sc.get('reps')} run(s) of {big:,} tuples; *marginal* = ({big:,} − {small:,}) / (T_large − T_small). "
+          f"CPU: psutil, whole process trees (JVMs included), per run; per tuple = marginal (large − small). Load "
+          f"average (1 min) {sc.get('load_start')} at the start, {sc.get('load_end')} at the end; rows whose runs "
+          f"started above {cpus} (the core count) ran beside other jobs and are marked **under load**.", ""]
+    if sc.get("netns") is False:
+        L += [f"**Hosts axis not measured:** {sc.get('netns_reason')}; (a) and (b) only.", ""]
+    L += ["| axis | n | what shares a core | workload | tuples/s | marginal tuples/s | processing s (large) | "
+          "chunks (dispatch units) | wait ms/unit | master CPU µs/tuple | worker side CPU µs/tuple | "
+          "client CPU µs/tuple | worker side busy | master busy | master cores at the marginal rate | "
+          "load before → after |",
+          "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for t in targets:
+        for wl in QUERIES:
+            s_ = t["summary"][wl]
+            flag = " **under load**" if _under_load(s_, cpus) else ""
+            L.append(f"| {t['axis']} | {t['count']} | {t.get('shares', '')} | {wl} | {_fmt(s_.get('throughput'))} | "
+                     f"{_fmt(s_.get('throughput_marginal'))} | {_fmt(s_.get('process'), 2)} | "
+                     f"{_fmt(s_.get('chunks'))} ({_fmt(s_.get('units'))}) | {_fmt(s_.get('wait_ms_unit'))} | "
+                     f"{_us(s_.get('master_cpu_per_tuple'))} | "
+                     f"{_us(s_.get('worker_cpu_per_tuple'))} | {_us(s_.get('client_cpu_per_tuple'))} | "
+                     f"{_fmt(s_.get('worker_busy'), 2)} | {_fmt(s_.get('master_busy'), 2)} | "
+                     f"{_fmt(s_.get('master_cores_marginal'), 2)} | "
+                     f"{_loads(s_.get('load_before'))} → "
+                     f"{_loads(s_.get('load_after'))}{flag} |")
+    L += ["", "*Worker side*: the Strata workers' process trees (their Spark JVMs), on (b) also the Spark cluster's "
+          "daemons and executors; *busy* = its CPU seconds / the large run's processing seconds (1.0 = one core "
+          "busy all the time); *master busy* likewise for the master (only on the hosts axis, where the harness "
+          "starts the master and measures its start apart); *master cores at the marginal rate* = marginal "
+          "throughput × the master's CPU per tuple (above 1: the master's threads outside the interpreter lock, "
+          "gRPC, Arrow, SQLite, ran in parallel on an unpinned master). The master's CPU excludes the client's (the replay "
+          "command's own process). *Wait* = a "
+          "dispatch unit's time from ready to sent (the master's `strata status` timings, median): Algorithm 5 holds "
+          "chunks from a worker whose load reading is ≥ 90 % while it has none of the master's chunks. `strata up` "
+          "workers read their own processes (`process`, its default); `strata deploy` workers read their CPU set "
+          "(`host`, the default there), which on this shared VM includes other jobs on the same core.", ""]
+    ex = [t for t in targets if t["axis"] == "executors" and (t.get("setup") or {}).get("tasks_per_executor")]
+    if ex:
+        L += ["Tasks run per executor (the Spark workers' executor logs): " + "; ".join(
+            f"E={t['count']}: " + ", ".join(f"{k} {v}" for k, v in t["setup"]["tasks_per_executor"].items())
+            for t in ex) + ".", ""]
+    if "scaling.png" in files:
+        L += ["![scaling](scaling.png)", ""]
+    model = sc.get("model") or {}
+    if model:
+        src = next(iter(model.values())).get("source")
+        L += [f"### Per-chunk costs (from {src})", "",
+              "| workload | c_master µs/tuple | of it: ingest + shepherd, chunking, encoding as dispatched (each "
+              "chunk alone) ns/tuple, one process | rest: RPC, TLS, event log, dispatch, results ns/tuple | c_worker "
+              "µs/tuple | worker CPU ms/chunk (tuples/chunk) | engine ms/chunk | transport ms/chunk | bytes/tuple "
+              "on the master's link (encoded as dispatched; each chunk alone) | client µs/tuple |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for wl, m in model.items():
+            mp = m.get("master_path_ns") or {}
+            path = (f"{mp['ingest']:.0f}, {mp['advance']:.0f}, {mp['wire']:.0f} ({mp['wire_live']:.0f})"
+                    if mp and "wire_live" in mp else
+                    f"{mp['ingest']:.0f}, {mp['advance']:.0f}, {mp['wire']:.0f}" if mp else "—")
+            enc = (f" ({mp.get('bytes_per_tuple', 0):.1f}; {mp['bytes_per_tuple_live']:.1f})"
+                   if mp and "bytes_per_tuple_live" in mp else "")
+            rest = (m["c_master"] * 1e9 - mp["total"]) if mp and m.get("c_master") else None
+            avg = m.get("averaged") or []
+            mark = {k: " (avg.)" if k in avg else "" for k in ("c_master", "c_worker")}
+            L.append(f"| {wl} | {_us(m.get('c_master'))}{mark['c_master']} | {path} | {_fmt(rest)} | "
+                     f"{_us(m.get('c_worker'))}{mark['c_worker']} | "
+                     f"{_fmt(None if m.get('worker_cpu_per_chunk') is None else m['worker_cpu_per_chunk'] * 1e3, 1)} "
+                     f"({_fmt(m.get('tuples_per_chunk'))}) | {_fmt(m.get('engine_ms_chunk'), 1)} | "
+                     f"{_fmt(m.get('transport_ms_chunk'), 1)} | {_fmt(m.get('net_bytes_per_tuple'), 1)}{enc} | "
+                     f"{_us(m.get('c_client'))} |")
+        L += ["", "c_master, c_worker: marginal CPU per tuple of the master process and of a worker host's processes "
+              "(Strata worker + its Spark JVM: receiving and decoding the chunk, the engine, encoding the results). "
+              "The master's steps come from its data path run in one process (bench/master_path.py, one instant per "
+              "chunk): *ingest* = the shepherd and the chunker, *chunking* = cutting chunks with their window's legacy, "
+              "*encoding* = pruning + Arrow IPC of the run's chunks merged into one dispatch unit as the replays here "
+              "sent them (a merged unit carries its first chunk's legacy only), in brackets of each chunk alone (live "
+              "input, where a RANGE 10 s chunk carries 9 instants of legacy); the rest of c_master is everything "
+              "around them in the running master: the Ingest RPC (TLS, Arrow IPC decoding), the event log (every "
+              "batch written to SQLite), dispatch, results merged in order and streamed. Engine and transport per chunk: the master's `strata status` timings (medians per dispatch "
+              "unit, divided by the cut chunks a unit merged: adaptive chunking merges chunks that wait for a busy "
+              "worker), wall milliseconds. Bytes: rx + tx of the master host's veth over the run, TLS included. "
+              "*(avg.)*: the marginal cost was lost in the run-to-run noise (≤ 0), so the large runs' average per "
+              "tuple stands in, fixed costs included (an upper bound).", ""]
+        L += ["### Model and projection to N hosts", ""]
+        L += ["Each host runs one Strata worker with one core; the level has one master (one process, given one "
+              "core, as on the hosts axis where it is pinned to CPU 1). Then "
+              "**T(N) = min(1 / c_master, N / c_worker)** (and 1 / c_net with c_net = bytes per tuple / "
+              f"{LINK_BYTES_PER_S * 8 / 1e9:g} Gbit/s, where the link was measured): the workers' side grows with N, "
+              "the master's does not. The knee N* = c_worker / c_master is where the master becomes the bottleneck.", ""]
+        ns = [1, 2, 4, 8, 16]
+        L += ["| workload | " + " | ".join(f"N={n}" for n in ns) + " | knee N* | bound beyond | measured / model "
+              "(processing; marginal) | master host with the client |",
+              "|---|" + "---:|" * len(ns) + "---:|---|---|---:|"]
+        for wl, m in model.items():
+            if not m.get("points"):
+                L.append(f"| {wl} | " + " | ".join("—" for _ in ns) + f" | — | {m.get('error', '')} | | |")
+                continue
+            pts = {q["hosts"]: q for q in m["points"]}
+            meas = m.get("measured") or {}
+            L.append(f"| {wl} | " + " | ".join(f"{_fmt(pts[n]['throughput'])} ({pts[n]['bound']})" for n in ns)
+                     + f" | {m['knee']:.1f} | {pts[16]['bound']} ({_fmt(pts[16]['throughput'])}/s) | "
+                     + (", ".join(f"N={k}: {_fmt(v['throughput'])} / {_fmt(v['model'])} = {v['efficiency']:.2f}"
+                                  + (f"; {v['efficiency_marginal']:.2f}" if v.get("efficiency_marginal") else "")
+                                  for k, v in meas.items()) or "—")
+                     + f" | {_fmt(m.get('master_host_bound'))} |")
+        L += ["", "**The bottleneck is the single master per level**: every tuple of the level passes through its "
+              "one process (the Ingest RPC, shepherd, chunker, event log, encoding, dispatch, merging the results "
+              "in order), so beyond N* hosts more workers add nothing; another level has its own master and scales "
+              "apart. Where N* < 2 the master's CPU per tuple is already above a worker host's: one master saturates "
+              "before a second host would help. Where the model stops holding:", "",
+              "* it bounds a **saturated** level (input replayed or backlogged). With live input closing one "
+              "instant per chunk period, only the chunks closed each period can be spread: N helps up to a chunk's "
+              "processing time / the chunk period × the evaluation slots per worker (2);",
+              "* the runs here are short (tens of instants, seconds) and latency-bound, not CPU-bound (the *busy* "
+              "columns are well below 1): the wait before dispatch, one Spark job per dispatch unit (0.1-0.3 s "
+              "warm), the ingest RPC. *Measured / model* compares the processing throughput and the marginal one "
+              "with the bound; the projection assumes that ratio holds for larger N, which nothing here measures "
+              "beyond 2 hosts;",
+              "* adaptive chunking gives another worker a share of a backlog only when each share feeds Spark at "
+              "least 100 k rows (master/core.py `SPLIT_ROWS`; a job's fixed cost is worth that much evaluation): "
+              "ROWS 100, pruned to 100 rows per instant, is never split, so one worker computes each run whatever "
+              "N (the *dispatch units* column); RANGE 10 s splits a backlog of ≥ 200 k rows. N / c_worker is "
+              "reachable only for work of that size;",
+              "* 1 / c_master is for a master with one core. Its threads outside the interpreter lock (gRPC, Arrow, "
+              "SQLite) can use more: unpinned on 2 cores the master kept up to the *master cores* column busy at the "
+              "marginal rate, so with k cores its bound lies between 1 / c_master and k / c_master, set by the share "
+              "of its work that holds the interpreter lock (not measured here);",
+              "* the source ran on the master's host (and core) here: the master host's bound is then 1 / (c_master + "
+              "c_client), the last column;",
+              "* the costs come from a 2-core VM shared with other jobs: at N = 2 the master and h2 share CPU 1; "
+              "Algorithm 5's `host` reading of the deployed workers counts other jobs on their CPU and holds chunks "
+              "up to its 1 s starvation fallback (the *wait* column); Spark's per-job cost depends on the unit's "
+              "size, so chunk length and merging change c_worker; a RANGE window's legacy travels with every unit "
+              "(once per merged unit, with every chunk under live input);",
+              "* the network term applies only where the master's link was measured (the hosts axis), for a "
+              "1 Gbit/s link.", ""]
+    checks = sc.get("checks") or []
+    if checks:
+        example = next((c for c in checks if f" {big:,} " in c and "range" in c), checks[-1])
+        L += [f"Correctness: all {len(checks)} outputs (warm-up runs included) checked against DuckDB on every "
+              f"instant (levels included), e.g. {example}.", ""]
+    L += ["Re-run on a quiet machine (every figure above was taken on a shared VM; the load columns say how "
+          "shared): `python -m bench.run --only scaling` (full sizes; 8.4 min on 2026-11-27) or `--quick` (~9 min "
+          "under heavier load); it needs root for "
+          "the hosts axis (network namespaces) and Java for the Spark cluster.", ""]
+    return L
+
+
 def write_report(res: dict, out: Path) -> None:
     meta = res.get("meta", {})
     mach = meta.get("machine", {})
@@ -533,6 +729,10 @@ def write_report(res: dict, out: Path) -> None:
           f"Python {mach.get('python')}, PySpark {mach.get('pyspark')}, {mach.get('java')}. "
           f"1-minute load average at the start: {meta.get('load_start')} (the `load` column gives it per run: "
           "the machine was shared with other jobs, so absolute numbers are pessimistic and noisy).", ""]
+    if res.get("scaling"):
+        from bench.scaling import refresh
+
+        refresh(res["scaling"])  # this version's analysis of the stored runs
     if res.get("failures"):
         L += ["**FAILED sections:** " + "; ".join(f"`{k}`: {v[:300]}" for k, v in res["failures"].items()), ""]
     try:
@@ -663,6 +863,8 @@ def write_report(res: dict, out: Path) -> None:
         L += _load_section(res["load"])
     if res.get("memory"):
         L += _memory_section(res["memory"])
+    if res.get("scaling"):
+        L += _scaling_section(res["scaling"], files)
     if NOTES.exists():
         L += [NOTES.read_text()]
     (out / "README.md").write_text("\n".join(L) + "\n", encoding="utf-8")

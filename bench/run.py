@@ -26,6 +26,11 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
                CPU for 0-200 subscribers over 25 sessions (default limits), a paced producer
 * ``memory``   the master's RSS over one `strata ingest` run of 10 M tuples (quick: 2 M) on the
                user's path, sampled every 0.5 s (bench/memory.py)
+* ``scaling``  issue 31's scaling figure (bench/scaling.py): RANGE 10 s GROUP BY and ROWS 100 AVG at TS
+               against Strata workers (1, 2), Spark executors behind one worker (a standalone cluster
+               with authentication and encryption, 1 and 2 executors of 1 core) and hosts (network
+               namespaces with disjoint CPU sets, `strata deploy`), on the user's path; per-tuple and
+               per-chunk costs of master and workers, and a projection to 1-16 hosts
 * ``micro``    the engine micro-benchmark (bench/engine_micro.py), not in the default set
 
 Every run's output is compared with the reference evaluator on sampled instants
@@ -55,7 +60,8 @@ from bench.check import BenchCheckFailed, check_sample, compare_avg, duckdb_avg_
 from bench.e2e import BenchCluster, replay, _log  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
-SECTIONS = ["userpath", "bf", "overhead", "mpath", "latency", "chunks", "alg5", "cw", "peers", "load", "memory"]
+SECTIONS = ["userpath", "bf", "overhead", "mpath", "latency", "chunks", "alg5", "cw", "peers", "load", "memory",
+            "scaling"]
 
 QUICK = dict(bf_tuples=400_000, bf_per_instant=50_000, bf_workers=[2, 1], bf_queries=list(W.BF_QUERIES), reps=1,
              chunk=4, lat_tuples=400_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8], chunk_tuples=800_000,
@@ -71,6 +77,10 @@ QUICK.update(load_subscribers=[0, 50, 200], load_per_instant=5_000, load_instant
              mem_tuples=2_000_000)
 FULL.update(load_subscribers=[0, 50, 100, 200], load_per_instant=5_000, load_instants=60, load_instant_rate=5.0,
             mem_tuples=10_000_000)
+# scaling (bench/scaling.py): the large and small run of each (configuration, workload), interleaved pairs
+# after one unmeasured warm-up of each size
+QUICK.update(scale_tuples=400_000, scale_small=20_000, scale_reps=1)
+FULL.update(scale_tuples=1_000_000, scale_small=20_000, scale_reps=3)
 
 
 def machine() -> dict:
@@ -331,6 +341,13 @@ def sec_memory(args, res: dict) -> None:
     from bench import memory
 
     memory.run(args, res)
+
+
+def sec_scaling(args, res: dict) -> None:
+    """Throughput against workers, Spark executors and hosts; per-chunk costs; projection (bench/scaling.py)."""
+    from bench import scaling
+
+    scaling.run(args, res)
 
 
 def sec_micro(args, res: dict) -> None:

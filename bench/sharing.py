@@ -35,6 +35,10 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 from strata.config import parse_config  # noqa: E402
 from strata.examples import BATTLEFIELD_TOML  # noqa: E402
+from strata.master.pipeline import QueryPipeline  # noqa: E402
+from strata.worker.engine import Engine  # noqa: E402
+from strata.worker.shared import SharedExecutor  # noqa: E402
+from strata.worker.spark import get_session  # noqa: E402
 
 LEVEL = "S"
 
@@ -90,9 +94,6 @@ def make_vitals(tuples: int, instants: int, sids: int, seed: int) -> pa.Table:
 
 
 def run_once(config, engine, texts, vitals, chunk_instants, enabled):
-    from strata.master.pipeline import QueryPipeline
-    from strata.worker.shared import SharedExecutor
-
     p = QueryPipeline(config, LEVEL, chunk_instants=chunk_instants)
     ids = [p.add_query(t)[0] for t in texts]
     p.ingest("Vitals", vitals)
@@ -146,9 +147,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--markdown", help="write the table here")
     args = ap.parse_args(argv)
-
-    from strata.worker.engine import Engine
-    from strata.worker.spark import get_session
 
     config = parse_config(BATTLEFIELD_TOML)
     spark = get_session(master=os.environ.get("STRATA_SPARK_MASTER", "local[2]"), app_name="strata-bench-sharing")

@@ -39,6 +39,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from bench import workloads as W
+from bench.check import check_sample, compare_avg, duckdb_avg_rows
+from strata.config import load_config, parse_config
+from strata.deploy.demo import QUERIES
+from strata.examples import BATTLEFIELD_TOML
+from strata.users import ROLES, UserStore
+from strata.worker.load import tree_cpu_times
+
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "SELECT AVG(bp) FROM Vitals [ROWS 100]"
 LEVEL = "S"
@@ -54,8 +62,6 @@ def _log(msg: str) -> None:
 
 def write_inputs(d: Path, sizes: list[int]) -> dict[int, Path]:
     """The battlefield CSVs a user would have (bench/workloads.vitals, 20,000 tuples per instant)."""
-    from bench import workloads as W
-
     out = {}
     for n in sizes:
         path = d / f"vitals_{n}.csv"
@@ -66,21 +72,14 @@ def write_inputs(d: Path, sizes: list[int]) -> dict[int, Path]:
 
 def setup(d: Path) -> Path:
     """A config and a user (cleared TS, every role: she replays and follows her queries)."""
-    from strata.examples import BATTLEFIELD_TOML
-    from strata.users import ROLES, UserStore
-
     cfg = d / "strata.toml"
     cfg.write_text(BATTLEFIELD_TOML)
-    from strata.config import load_config
-
     c = load_config(cfg)
     UserStore(c.users_path, c.lattice).add("jane", "TS", PASSWORD, replace=True, roles=ROLES)
     return cfg
 
 
 def _tree(pid: int) -> dict[int, float]:
-    from strata.worker.load import tree_cpu_times
-
     return tree_cpu_times(pid)
 
 
@@ -95,8 +94,6 @@ class TreeCpu:
         self._t.start()
 
     def _sample(self) -> None:
-        from strata.worker.load import tree_cpu_times
-
         for pid, t in tree_cpu_times(self.pid).items():
             self.last[pid] = max(t, self.last.get(pid, 0.0))
 
@@ -129,9 +126,6 @@ def run_cmd(cmd: list[str], env: dict, cwd: Path | None = None, stdout=subproces
 
 def check_avg_output(csv_path: Path, data: pa.Table) -> str:
     """The written CSV against DuckDB on every instant, and the Python reference on sampled ones."""
-    from bench.check import check_sample, compare_avg, duckdb_avg_rows
-    from strata.examples import BATTLEFIELD_TOML
-
     got = pcsv.read_csv(csv_path)
     got = pa.table({"ts": got.column(0).cast(pa.int64()), "level": got.column(1).cast(pa.string()),
                     "avg": got.column(2).cast(pa.float64())})
@@ -314,8 +308,6 @@ def sec_ingest(d: Path, cfg: Path, files: dict[int, Path], data: dict[int, pa.Ta
 
 def sec_demo(d: Path, reps: int) -> dict:
     """``./dev run`` (set-up already done: the venv exists), total time and its split."""
-    from strata.config import parse_config
-    from strata.examples import BATTLEFIELD_TOML
     from tests.reference.evaluator import compare_results, evaluate
 
     runs, checks = [], []
@@ -330,7 +322,6 @@ def sec_demo(d: Path, reps: int) -> dict:
                 split = json.loads(line[len("[strata] timings "):])
         r.update(load=la, timings=split)
         # every instant of every query against the reference
-        from strata.deploy.demo import QUERIES
 
         cfg = parse_config(BATTLEFIELD_TOML)
         streams = {}

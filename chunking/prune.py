@@ -20,10 +20,13 @@ either form.  Other window kinds are sent as they are.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
+
+from strata.mlscql import ast as A
 
 from .chunker import _partition_tail
 from .model import Chunk, QueryChunk
@@ -165,10 +168,6 @@ def used_columns(query) -> set[str] | None:
     """Lower-cased names of every attribute ``query`` reads anywhere (select, where, group by, having,
     windows' PARTITION BY), whatever its qualifier; None for ``SELECT *`` and when the tree holds a
     node this function does not know (then nothing is left out)."""
-    import dataclasses
-
-    from strata.mlscql import ast as A
-
     out: set[str] = set()
 
     def visit(x) -> bool:

@@ -29,7 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
-from strata.errors import EXIT_ERROR, EXIT_OK, CliError
+from strata import tls as stls
+from strata.errors import EXIT_ERROR, EXIT_OK, CliError, ConfigError
+from strata.groups import load_or_create_key
+from strata.spark_settings import read_secret
 
 from .inventory import Host, Inventory, InventoryError, Proc, load_inventory
 from .remote import RemoteError, agent_argv, transport_for, transport_from_record
@@ -82,8 +85,6 @@ def ensure_secrets(inv: Inventory) -> None:
     keys.mkdir(parents=True, exist_ok=True)
     os.chmod(inv.secrets, 0o700)
     os.chmod(keys, 0o700)
-    from strata.groups import load_or_create_key
-
     for lv, g in inv.levels.items():
         path = keys / f"{g.slug}.key"
         if not path.exists():
@@ -94,8 +95,6 @@ def ensure_secrets(inv: Inventory) -> None:
     if not tls_supported():
         raise CliError("inventory deployment.tls = true, but this Strata build has no TLS support "
                        "(strata.tls); set tls = false for a development deployment")
-    from strata import tls as stls
-
     tdir = inv.secrets / "tls"
     need = {lv: roles for lv, roles in _tls_roles(inv).items()}
     missing = [lv for lv, roles in need.items() if not all(stls.has_material(tdir, r, lv) for r in roles)]
@@ -116,9 +115,6 @@ def spark_secrets(inv: Inventory) -> dict[str, str]:
     """Each deployed level's Spark secret, read now from its ``spark_secret_file`` (relative to the
     config): ``up`` copies the file to the level's worker hosts and puts the secret into the
     properties file of the level's Spark daemons.  A missing, exposed or empty file: one line."""
-    from strata.errors import ConfigError
-    from strata.spark_settings import read_secret
-
     out = {}
     for lv in inv.spark_secret_paths:
         try:

@@ -17,6 +17,7 @@ from strata.examples import BATTLEFIELD_TOML
 from strata.users import UserStore
 
 from .local import default_workers
+from .replay import replay
 
 QUERIES = [
     "SELECT sid, bp FROM Vitals [ROWS 100] WHERE bp > 150",
@@ -54,8 +55,6 @@ def write_csv(path: Path, cols: dict) -> None:
 
 
 def run_demo(workdir: Path, workers: int = 2, instants: int = 20, per_instant: int = 400) -> int:
-    from .replay import replay
-
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "battlefield.toml"
     cfg_path.write_text(BATTLEFIELD_TOML)

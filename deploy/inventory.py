@@ -35,7 +35,6 @@ returns an :class:`Inventory`; every error names the offending key
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import posixpath
 import re
@@ -44,8 +43,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from strata.config import Config, ConfigError, load_config
+from strata.config import CHUNK_SECONDS, Config, ConfigError, chunk_instants, load_config
 from strata.groups import level_slug
+from strata.spark_settings import is_local_master, master_problem
 
 __all__ = ["InventoryError", "Inventory", "Host", "LevelGroup", "Proc", "SparkCluster", "load_inventory",
            "parse_inventory"]
@@ -277,13 +277,13 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
     if not secrets.is_absolute():
         secrets = (base / secrets).resolve()
     tls = _bool(dep, "tls", "deployment", err, True)
-    chunk_seconds = _num(dep, "chunk_seconds", "deployment", err, 1.0)
-    if chunk_seconds <= 0:
-        raise err("deployment.chunk_seconds", "must be a positive number of seconds")
+    try:  # (default: one instant)
+        chunk_seconds = chunk_instants(dep.get("chunk_seconds", CHUNK_SECONDS.default), config.instant_seconds) \
+            * config.instant_seconds
+    except ValueError as e:
+        raise err("deployment.chunk_seconds", str(e)) from None
     spark_master = _str(dep, "spark_master", "deployment", err) or None
     if spark_master is not None:
-        from strata.spark_settings import is_local_master, master_problem
-
         problem = master_problem(spark_master)
         if problem:
             raise err("deployment.spark_master", problem)
@@ -410,8 +410,6 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
 
     # -- levels: multicast group, ports, TTL
     raw_levels = _table(data.get("levels"), "levels", err)
-    groups_cfg = config.sections.get("groups", {}) or {}
-    cluster_cfg = config.sections.get("cluster", {}) or {}
     levels: dict[str, LevelGroup] = {}
     for lvtext, spec in raw_levels.items():
         lv = parse_level(lvtext, "levels")
@@ -424,21 +422,21 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
         ktext, spec = by_level.get(lv, (lv, {}))
         key = f"levels.{_toml_key(ktext)}"
         _no_unknown(spec, LEVEL_KEYS, key, err)
-        gcfg = groups_cfg.get(lv, {}) or {}
-        for secret in ("key", "key_file"):
-            if secret in gcfg:
+        given = config.groups.get(lv)  # what the config's [groups."L"] sets itself (None: unset)
+        for secret, value in (("key", given and given.key), ("key_file", given and given.key_file)):
+            if value is not None:
                 raise err("deployment.config", f"the config sets [groups.\"{lv}\"] {secret}; strata deploy "
                                                f"distributes group keys itself (state_dir/keys/"
                                                f"{level_slug(lv)}.key, only to hosts of level {lv}): remove it")
-        digest = hashlib.sha256(lv.encode()).digest()
-        address = _str(spec, "address", key, err) or gcfg.get("address") or f"239.255.{digest[0]}.{max(1, digest[1])}"
+        group = config.group(lv)  # the config's settings of the level's group, defaults filled in
+        address = _str(spec, "address", key, err) or group.address
         try:
             maddr = ipaddress.IPv4Address(address)
         except ValueError:
             raise err(f"{key}.address", f"{address!r} is not an IPv4 multicast address") from None
         if maddr not in _MULTICAST:
             raise err(f"{key}.address", f"{address} is not a multicast address (224.0.0.0/4; use 239.x.y.z)")
-        port = _int(spec, "port", key, err, int(gcfg.get("port") or cluster_cfg.get("multicast_port") or 47000))
+        port = _int(spec, "port", key, err, group.port)
         if not 1 <= port <= 65535:
             raise err(f"{key}.port", "must be a UDP port 1..65535")
         spans = sorted({h.address for h in hosts if lv in h.workers})
@@ -474,7 +472,7 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
         slugs[g.slug] = lv
 
     # -- the levels' Spark: the config's settings, and the clusters deploy runs ([levels."L".spark])
-    settings, secret_paths = _config_spark(config, err)
+    settings, secret_paths = _config_spark(config)
     by_name = {h.name: h for h in hosts}
     spark: dict[str, SparkCluster] = {}
     for lv in used:
@@ -536,8 +534,8 @@ def parse_inventory(text: str, path: Path | None = None) -> Inventory:
     if not tls:
         warnings.append("tls = false: processes run with --insecure; only the group keys protect the groups")
     for lv in used:
-        gcfg = groups_cfg.get(lv, {}) or {}
-        if "interface" in gcfg or "ttl" in gcfg:
+        given = config.groups.get(lv)
+        if given is not None and (given.interface is not None or given.ttl is not None):
             warnings.append(f"the config's [groups.\"{lv}\"] interface/ttl are overridden per host by the inventory")
     return inv
 
@@ -559,22 +557,12 @@ def _spark_host_names(raw_levels) -> set[str]:
     return out
 
 
-def _config_spark(config: Config, err) -> tuple[dict, dict[str, str]]:
-    """The config's per-level Spark settings (strata/spark_settings.py) and each level's
-    ``spark_secret_file`` as written there (relative to the config file, like the workers read it)."""
-    from strata.spark_settings import check_spark_settings
-
-    try:
-        settings = check_spark_settings(config)
-    except ConfigError as e:
-        raise err("deployment.config", str(e)) from None
-    paths: dict[str, str] = {}
-    for name, table in (config.sections.get("groups", {}) or {}).items():
-        if isinstance(table, dict) and isinstance(table.get("spark_secret_file"), str):
-            try:
-                paths[config.lattice.parse(name)] = table["spark_secret_file"].strip()
-            except ValueError:
-                continue
+def _config_spark(config: Config) -> tuple[dict, dict[str, str]]:
+    """The config's per-level Spark settings (strata/spark_settings.py; checked when the config was
+    loaded) and each level's ``spark_secret_file`` as written there (relative to the config file,
+    like the workers read it)."""
+    settings = {lv: g.spark for lv, g in config.groups.items()}
+    paths = {lv: g.spark_secret_file for lv, g in config.groups.items() if g.spark_secret_file is not None}
     return settings, paths
 
 

@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 from strata.commands import parse_levels
-from strata.config import config_of
+from strata.cli_support import add_chunk_seconds, chunk_instants_of, config_of
+from strata.config import ConfigError, chunk_instants, load_config
 from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
+from strata.groups import group_spec, level_slug
 from strata.private import open_private_log, private_dir, write_private
 from strata.serving import free_udp_port, pid_alive, progress
+from strata.tls import create_deployment, has_material
 
 __all__ = ["start_cluster", "embedded_start", "stop_cluster", "restart_process", "renew_master",
            "workers_ready_after", "alive", "default_workers", "embedded_load_reading", "add_parsers"]
@@ -70,10 +73,10 @@ def embedded_load_reading(cfg) -> str:
     own processes; the host reading is the same for all of them and reads >= 90 % whenever the
     cluster works).  With credits (master/dispatch.py) either reading only keeps chunks away
     from a worker that is loaded while it has none of this master's chunks."""
-    return ((cfg.sections.get("cluster") or {}).get("load_reading")) or "process"
+    return cfg.cluster.reading(embedded=True)
 
 
-def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float = 1.0,
+def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path, chunk_seconds: float | None = None,
                   multicast_port: int | None = None, spark_master: str | None = None, timeout: float = 180.0,
                   worker_env: dict[int, dict] | None = None, tls: bool = True,
                   load_reading: str | None = None, owner: str | None = None, tls_dir: Path | None = None,
@@ -85,6 +88,9 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     ``master-<level>-standby.sqlite`` and address; docs/operations.md, *Standby masters*), started once
     the level's master is active; the two name each other with ``--peers``.  The result then has
     ``standbys``: level -> its address.
+
+    ``chunk_seconds``: the masters' chunk length (None: one instant; else a positive whole multiple of
+    ``[time] instant_seconds``, refused with :class:`ConfigError` before anything starts).
 
     ``owner``: a user who gets every role on these masters (``strata master --owner``): the
     embedded runs a user starts for themself (``strata replay`` without ``--master``, the
@@ -113,11 +119,12 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     The returned dict has ``seconds``: {``first``: first worker ready, ``all``: every process
     ready (or None if not waited for)}.
     """
-    from strata.config import load_config
-    from strata.groups import group_spec, level_slug
-
     t_start = time.monotonic()
     cfg = load_config(config)
+    try:
+        chunk_instants(chunk_seconds, cfg.instant_seconds)
+    except ValueError as e:
+        raise ConfigError(f"chunk_seconds {chunk_seconds!r}: {e}") from None
     if load_reading is None:
         load_reading = embedded_load_reading(cfg)
     for d in (state_dir, state_dir / "logs", state_dir / "run"):  # keys, logs, the event logs: this user only
@@ -128,8 +135,6 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
     tls_path = Path(tls_dir) if tls_dir is not None else state_dir / "tls"
     if tls:
-        from strata.tls import create_deployment, has_material
-
         missing = [lv for lv in levels if not all(has_material(tls_path, r, lv) for r in ("master", "worker", "client"))]
         if missing:
             create_deployment(tls_path, missing)
@@ -160,7 +165,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             elif tls_dir is not None:
                 cmd += ["--tls-dir", str(tls_path.resolve())]
             if role == "master":
-                cmd += ["--chunk-seconds", str(chunk_seconds)]
+                if chunk_seconds is not None:
+                    cmd += ["--chunk-seconds", repr(float(chunk_seconds))]
                 if not persist:
                     cmd.append("--no-persist")
                 if owner:
@@ -330,8 +336,6 @@ def renew_master(state_dir: Path, level: str, timeout: float = 60.0) -> tuple[st
     """Give a running embedded cluster's ``level`` a fresh master (a new input timeline, no
     queries) on the same address, keeping its workers and their warm Spark sessions; returns
     (address, tls_dir, config path).  What ``strata replay --cluster`` does before each run."""
-    from strata.groups import level_slug
-
     f = state_dir / "cluster.json"
     if not f.exists():
         raise CliError(f"no running cluster in {state_dir} (start one with `strata up`)")
@@ -395,8 +399,6 @@ def process_name(state_dir: Path, spec: str) -> str:
     """The name in ``cluster.json`` of ``--restart``'s ``spec``: ``master:L``, ``master:L:standby`` (``strata
     up --standby``), ``worker:L:I`` (the level's I-th worker, from 0) or a process name as ``strata up``
     recorded it (``master-S``, ``master-S-standby``, ``worker-S-1``)."""
-    from strata.groups import level_slug
-
     f = state_dir / "cluster.json"
     if not f.exists():
         raise CliError(f"no cluster in {state_dir} (no cluster.json; start one with `strata up`)")
@@ -422,7 +424,9 @@ def cmd_up(args) -> int:
     missing = [f"--{k}" for k in ("config", "levels") if not getattr(args, k)]
     if missing:
         raise CliError(f"strata up needs {' and '.join(missing)} (or --restart PROCESS)", EXIT_REJECTED)
-    levels = parse_levels(config_of(args), args.levels)
+    cfg = config_of(args)
+    levels = parse_levels(cfg, args.levels)
+    chunk_instants_of(cfg, args.chunk_seconds)  # a chunk length that is no whole number of instants: refused now
     out = start_cluster(args.config, levels, args.workers, Path(args.state_dir), args.chunk_seconds,
                         args.multicast_port or None, tls=not args.insecure, standby=args.standby)
     print(json.dumps({k: out[k] for k in ("masters", "standbys", "tls_dir", "seconds") if k in out}))
@@ -466,7 +470,7 @@ def add_parsers(sub) -> None:
     up.add_argument("--workers", type=int, default=default_workers(),
                     help="workers per level (default: one per core, at most 2)")
     up.add_argument("--state-dir", required=True)
-    up.add_argument("--chunk-seconds", type=float, default=1.0)
+    add_chunk_seconds(up)
     up.add_argument("--multicast-port", type=int, default=0)
     up.add_argument("--insecure", action="store_true", help="no TLS (development only)")
     up.add_argument("--standby", action="store_true",

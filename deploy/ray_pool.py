@@ -58,6 +58,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata.groups import level_slug
+
 __all__ = ["LevelRayCluster", "RayNode", "RayPorts", "WorkerProcess", "PoolWorker", "WorkerPool", "PoolMember",
            "worker_command", "WorkerActor", "issue_node_cert", "ensure_ray_ca", "ray_tls_dir", "token_path",
            "build_bind_shim", "node_env", "listeners_outside", "default_ray_port", "node_profile",
@@ -88,8 +90,6 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 
 def _slug(level: str) -> str:
-    from strata.groups import level_slug
-
     return level_slug(level)
 
 
@@ -609,13 +609,10 @@ class RayPorts:
 def default_ray_port(cfg, level: str) -> int:
     """The level's base Ray port: ``[groups."L"] ray_port``, else 46000 + 100 x the level's
     position in the lattice (46000 U, 46100 C, 46200 S, 46300 TS for the example lattice)."""
-    g = ((cfg.sections.get("groups") or {}).get(level) or {}) if cfg is not None else {}
-    if g.get("ray_port") is not None:
-        try:
-            return int(g["ray_port"])
-        except (TypeError, ValueError):
-            raise ValueError(f'[groups."{level}"] ray_port = {g["ray_port"]!r} is not a port number') from None
-    levels = list(getattr(getattr(cfg, "lattice", None), "levels", None) or [])
+    port = cfg.group(level).ray_port
+    if port is not None:
+        return port
+    levels = list(cfg.lattice.levels)
     idx = levels.index(level) if level in levels else zlib.crc32(level.encode()) % 150
     return 46000 + 100 * idx
 

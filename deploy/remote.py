@@ -50,6 +50,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import strata
+
+from . import spark_daemons as sd
+
 __all__ = ["Transport", "SshTransport", "NetnsTransport", "LocalTransport", "RemoteError", "transport_for",
            "transport_from_record", "agent_argv"]
 
@@ -553,8 +557,6 @@ def agent_spark_start(state_dir: str, plan: dict) -> dict:
     """Start the Spark master/worker daemons of the plan as processes (also under ``up --systemd``:
     Spark daemons have no units), each in its own session, output to its log; record them in
     ``run/spark.json``.  Their secret is in their properties file (copied before, 0600), never here."""
-    from . import spark_daemons as sd
-
     daemons = plan.get("daemons", [])
     if not daemons:
         return {"daemons": []}
@@ -733,6 +735,7 @@ def agent_stop(state_dir: str, timeout: float = 20.0) -> dict:
 def agent_probe(level: str, key_file: str, address: str, port: int, interface: str, expect: list[str],
                 seconds: float) -> dict:
     """Listen (never send) on the level's group; report the members heard."""
+    # deferred: the agent's other commands (ports, start, status, stop) need no group key or table
     from strata.groups import load_or_create_key
     from strata.groups.membership import GroupSpec, GroupTable, receiver
 
@@ -764,8 +767,6 @@ def agent_probe(level: str, key_file: str, address: str, port: int, interface: s
 def agent_check() -> dict:
     import platform
 
-    import strata
-
     tls = True
     try:
         import importlib.util
@@ -773,8 +774,6 @@ def agent_check() -> dict:
         tls = importlib.util.find_spec("strata.tls") is not None
     except ImportError:  # pragma: no cover
         tls = False
-    from . import spark_daemons as sd
-
     try:  # what a host needs to run a level's Spark daemons (``[levels."L".spark]``)
         spark = None if sd.java_problem() else str(sd.spark_class())
         spark_problem = sd.java_problem()

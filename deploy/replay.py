@@ -13,10 +13,15 @@ import threading
 import time
 from pathlib import Path
 
-from strata.commands import (EXIT_FAILED, check_inputs, client_call, client_tls, drop_above, fmt_value,
-                             instant_batches, login, parse_inputs, read_password, register_queries)
-from strata.errors import EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
+from strata.cli_support import add_chunk_seconds, chunk_instants_of
+from strata.config import load_config
+from strata.errors import EXIT_FAILED, EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
+from strata.inputs import check_inputs, drop_above, instant_batches, parse_inputs
+from strata.mlscql import QueryError, compile_query, parse
 from strata.serving import progress
+from strata.session import client_call, client_tls, fmt_value, login, read_password, register_queries
+from strata.throttle import LOGIN_FAILED, MAX_PASSWORD, FileThrottle, LoginThrottle
+from strata.users import AuthError, UserStore
 
 from .local import default_workers, embedded_start, renew_master, start_cluster, stop_cluster, workers_ready_after
 
@@ -49,8 +54,6 @@ def _check_queries(cfg, queries: list[str], level: str | None, embedded: bool) -
     line and exit 2: compiled at the session's level for the embedded cluster (its master has this
     config and level); parsed only for another master (its streams may differ from this config),
     which still applies the bounds of text, nesting and expressions (strata/mlscql/limits.py)."""
-    from strata.mlscql import QueryError, compile_query, parse
-
     for i, text in enumerate(queries):
         try:
             if embedded and level:
@@ -63,7 +66,7 @@ def _check_queries(cfg, queries: list[str], level: str | None, embedded: bool) -
 
 
 def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
-           workers: int = 2, chunk_seconds: float = 1.0, master: str | None = None, tls_dir: str | None = None,
+           workers: int = 2, chunk_seconds: float | None = None, master: str | None = None, tls_dir: str | None = None,
            timings: dict | None = None, cluster: str | None = None) -> int:
     """Replay files through a cluster and write every result (``strata replay``).
 
@@ -75,8 +78,6 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
     embedded cluster's shutdown), ``read_wait`` (how long the run waited for the input after the
     cluster was ready: the files are read, and the rows above the session's level left out, while
     the cluster starts)."""
-    from strata.config import load_config
-
     cfg = load_config(config_path)
     if level:
         try:
@@ -85,6 +86,8 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
             raise CliError(f"--level: {e}", EXIT_REJECTED) from None
     if cluster is not None and level is None:
         raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
+    if master is None and cluster is None:  # the embedded cluster's chunks: a whole number of instants
+        chunk_instants_of(cfg, chunk_seconds)
     password = None
     if master is None:  # the embedded or renewed master reads this users file: the credentials are checked
         password = read_password()  # here first, so a wrong password starts (or replaces) nothing
@@ -201,9 +204,6 @@ def check_credentials(cfg, user: str, password: str, level: str | None):
     against the configuration's users file before anything starts, with a master's login throttling
     (strata/throttle.py) kept in ``<users file>.failures`` so that it holds across runs; else one line,
     exit 3.  Costs one argon2 check (~0.1 s), as a master's login does."""
-    from strata.throttle import LOGIN_FAILED, MAX_PASSWORD, FileThrottle, LoginThrottle
-    from strata.users import AuthError, UserStore
-
     store = UserStore(cfg.users_path, cfg.lattice)
     throttle = FileThrottle(cfg.users_path.with_name(cfg.users_path.name + ".failures"))
     try:
@@ -228,7 +228,7 @@ class InputReader(threading.Thread):
     1 M tuples took ~0.45 s before a start-up of ~10 s that leaves the client idle).
 
     When the session's level is known (``level``), the rows it does not dominate are left out
-    (:func:`~strata.commands.drop_above`) and the input is cut into its ingest batches here too;
+    (:func:`~strata.inputs.drop_above`) and the input is cut into its ingest batches here too;
     that also pays pyarrow's one-time pandas import (~0.3 s, the first array it builds from Python
     objects) during the start-up instead of after it.
     :meth:`failure` (polled during the start-up) is the reading's error once it has one;
@@ -310,7 +310,7 @@ def add_parsers(sub) -> None:
                    help="workers of the embedded cluster (default: one per core, at most 2; with fewer than two "
                         "cores per worker a later one starts only once the run has lasted as long as the start-up "
                         "before it, STRATA_WORKERS_START=together: all from the start)")
-    r.add_argument("--chunk-seconds", type=float, default=1.0)
+    add_chunk_seconds(r)
     r.add_argument("--master", help="replay into this running master (its input is finished afterwards); or the "
                                     "level's masters a:port,b:port (an active one and its standbys)")
     r.add_argument("--cluster", metavar="STATE_DIR",

@@ -16,6 +16,12 @@ import os
 import sys
 from pathlib import Path
 
+from strata.config import ConfigError, load_config
+from strata.cpusets import pin_current_process
+from strata.errors import EXIT_LOGIN, EXIT_REJECTED, CliError
+from strata.groups import level_slug
+from strata.session import read_password
+
 __all__ = ["add_parsers", "cmd_scale", "cmd_scale_node", "cmd_scale_cert"]
 
 #: set in the environment of a scaler re-executed with the bind shim preloaded (no second re-exec)
@@ -31,9 +37,7 @@ def _preload_bind_shim(args) -> None:
     """A scaler on a multi-host level cluster is a Ray driver with a listener of its own (its core
     worker): re-execute it once with the bind shim preloaded so that listener is on --node-ip
     too (Ray's own processes get the shim from the environment when they start)."""
-    from strata.errors import CliError
-
-    from .ray_pool import BIND_ENV, build_bind_shim, check_node_ip
+    from .ray_pool import BIND_ENV, build_bind_shim, check_node_ip  # deferred: ~25 ms to import, `strata scale` only
 
     if not args.node_ip or args.ray_bind_any:
         return
@@ -54,10 +58,8 @@ def _preload_bind_shim(args) -> None:
 
 
 def cmd_scale(args) -> int:
-    from strata.errors import EXIT_LOGIN, EXIT_REJECTED, CliError
+    # deferred: the client (pyarrow, the gRPC stubs) and the scaler (ray_pool: ~25 ms) for `strata scale` only
     from strata.client import ClientError, LoginFailed
-    from strata.commands import read_password
-    from strata.config import ConfigError
 
     from .scaler import ScalerOptions, run_scaler
     from .scaler_policy import PolicySettings
@@ -102,10 +104,7 @@ def cmd_scale_node(args) -> int:
     import signal
     import threading
 
-    from strata.config import ConfigError, load_config
-    from strata.errors import CliError
-
-    from .ray_pool import RayNode, check_node_ip, default_ray_port
+    from .ray_pool import RayNode, check_node_ip, default_ray_port  # deferred: ~25 ms to import, this command only
 
     _logging(args.level, "ray-node")
     log = logging.getLogger("strata.scaler")
@@ -123,11 +122,7 @@ def cmd_scale_node(args) -> int:
                        config=args.config, tls_dir=args.tls_dir)
     except (ConfigError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None
-    from strata.cpusets import pin_current_process
-
     pin_current_process(level, cfg)
-    from strata.groups import level_slug
-
     run = Path(args.state_dir).resolve() / "run"
     run.mkdir(parents=True, exist_ok=True)
     record = run / f"ray-node-{level_slug(level)}.json"
@@ -175,10 +170,7 @@ def _tree_pids() -> set[int]:
 
 def cmd_scale_cert(args) -> int:
     """Issue a node certificate of the level's Ray CA (made if absent) for another host."""
-    from strata.config import ConfigError, load_config
-    from strata.errors import CliError
-
-    from .ray_pool import issue_node_cert, ray_tls_dir, token_path
+    from .ray_pool import issue_node_cert, ray_tls_dir, token_path  # deferred: ~25 ms to import, this command only
 
     try:
         level = load_config(args.config).lattice.parse(args.level)

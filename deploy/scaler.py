@@ -36,6 +36,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata.client import Client
+from strata.config import load_config
+from strata.cpusets import format_cpus, pin_current_process
+from strata.groups import level_slug
+from strata.tls import has_material
+
+from .ray_pool import LevelRayCluster, WorkerPool, check_node_ip, default_ray_port
 from .scaler_policy import Decision, Observation, PolicySettings, ScalingPolicy, WorkerObs
 
 __all__ = ["ScalerOptions", "Scaler", "make_client", "observation_from_status", "run_scaler"]
@@ -45,8 +52,6 @@ log = logging.getLogger("strata.scaler")
 
 def make_client(address: str, tls_dir: str | None, level: str, timeout: float = 30.0):
     """The one place the scaler builds a master client (mutual TLS when ``tls_dir`` is set)."""
-    from strata.client import Client
-
     return Client(address, tls_dir=tls_dir, level=level, timeout=timeout)
 
 
@@ -95,15 +100,11 @@ class ScalerOptions:
 
 class Scaler:
     def __init__(self, opts: ScalerOptions, password: str, clock=time.monotonic):
-        from strata.config import load_config
-
         self.opts = opts
         self.password = password
         self.clock = clock
         self.cfg = load_config(opts.config)
         self.level = self.cfg.lattice.parse(opts.level)
-        from strata.groups import level_slug
-
         self.slug = level_slug(self.level)
         self.state_dir = Path(opts.state_dir).resolve()
         self.policy = ScalingPolicy(opts.settings)
@@ -129,8 +130,6 @@ class Scaler:
             return str(Path(self.opts.tls_dir).resolve())
         d = self.state_dir / "tls"
         try:
-            from strata.tls import has_material
-
             if has_material(d, "client", self.level):
                 return str(d)
         except ImportError:  # pragma: no cover - TLS module absent
@@ -173,10 +172,6 @@ class Scaler:
 
     def start(self, after_ray=None) -> None:
         """Lock, log in, pin, start the level's Ray cluster and the pool; ``after_ray()`` right after ray.init."""
-        from strata.cpusets import format_cpus, pin_current_process
-
-        from .ray_pool import WorkerPool
-
         self._lock()
         self.login()  # fail fast on a wrong password or master
         st = self.client.status()
@@ -206,10 +201,7 @@ class Scaler:
 
     def ray_settings(self) -> dict:
         """Where the level's Ray cluster is: ``node_ip``, ``address`` (to join), ``port`` (base)."""
-        from .ray_pool import check_node_ip, default_ray_port
-
-        groups = (self.cfg.sections.get("groups") or {}).get(self.level) or {}
-        address = self.opts.ray_address or groups.get("ray_address") or None
+        address = self.opts.ray_address or self.cfg.group(self.level).ray_address
         node_ip = check_node_ip(self.opts.node_ip) if self.opts.node_ip else None
         if address and not node_ip:
             raise RuntimeError(f"joining the level's Ray cluster at {address} needs --node-ip: this host's address "
@@ -223,8 +215,6 @@ class Scaler:
         return {"node_ip": node_ip, "address": address, "port": port}
 
     def make_cluster(self):
-        from .ray_pool import LevelRayCluster
-
         s = self.opts.settings
         r = self.ray_settings()
         ray_cpus = self.opts.ray_cpus

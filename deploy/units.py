@@ -21,9 +21,10 @@ service user); see ``docs/deploy.md``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path, PurePosixPath
+
+from strata import tls
 
 from .inventory import Host, Inventory, Proc
 
@@ -37,8 +38,9 @@ DOCS = "docs/deploy.md"
 
 
 def tls_supported() -> bool:
-    """Whether this Strata build has transport TLS (and so ``--insecure``/``strata certs``)."""
-    return importlib.util.find_spec("strata.tls") is not None
+    """Whether this Strata build has transport TLS (and so ``--insecure``/``strata certs``): the core's
+    :mod:`strata.tls`, imported above like any other module (this module does not load without it)."""
+    return tls is not None
 
 
 def _extra_args(inv: Inventory) -> list[str]:

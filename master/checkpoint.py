@@ -1,10 +1,10 @@
 """A master's checkpoint: its whole state at one point of its event log, so that a restart replays
 only the log after that point, and the log before it can be dropped (compaction).
 
-A checkpoint is a :class:`Snapshot` taken under the master's lock (:meth:`MasterCore.snapshot`) and
-written outside it (Arrow tables are immutable).  It is stored as named parts in the store's
-``checkpoint`` table, replacing the previous one and deleting the events it stands for in one
-transaction (:meth:`MasterStore.write_checkpoint`):
+A checkpoint is a :class:`Snapshot` taken under the master's lock
+(:func:`strata.master.eventlog.snapshot`) and written outside it (Arrow tables are immutable).  It
+is stored as named parts in the store's ``checkpoint`` table, replacing the previous one and
+deleting the events it stands for in one transaction (:meth:`MasterStore.write_checkpoint`):
 
 * ``meta``: JSON: the log sequence number it stands for (``upto_seq``), the queries (text, owner,
   rewritten text, state, error, stop instant, last instant released, retention bookkeeping) and the

@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 import pyarrow as pa
 
 from strata.chunking.model import Chunk
+from strata.chunking.prune import prune_chunk
 from strata.config import Config
 
 from .pipeline import QueryPipeline, Released
@@ -62,8 +63,6 @@ def run_local(
             shuffle.shuffle(order)
         for chunk in order:
             if prune:  # what the master's dispatch sends on the wire (ROWS windows pruned)
-                from strata.chunking.prune import prune_chunk
-
                 chunk = prune_chunk(chunk, p.queries)
             eng = engines[assign(chunk, len(engines)) % len(engines)]
             results = [eng.run(p.queries[qc.query_id], qc) for qc in chunk.queries]

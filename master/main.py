@@ -4,54 +4,55 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata.config import config_of
+from strata.cli_support import add_chunk_seconds, chunk_instants_of, config_of, level_of
+from strata.cpusets import pin_current_process
 from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
+from strata.groups import level_slug
 from strata.serving import add_process_options, exit_now, group_spec_of, progress, ready_writer, server_tls, \
     start_logging
+from strata.users import UserStore
 
 __all__ = ["cmd_master", "add_parsers"]
 
 
 def cmd_master(args) -> int:
+    # deferred: the server pulls pyarrow, grpc.aio and the master's core; `strata --help` loads this module
     from strata.master.server import serve_master
     from strata.master.store import StateMismatch
-    from strata.users import UserStore
 
-    start_logging(args)
+    start_logging(args.log_file)
     cfg = config_of(args)
+    level = level_of(cfg, args.level)
+    chunk_instants = chunk_instants_of(cfg, args.chunk_seconds)
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     if peers and (args.no_persist or not (args.state_dir or args.state_file)):
         raise CliError("--peers needs a state file (--state-dir or --state-file): a standby copies the active "
                        "master's event log into it", EXIT_REJECTED)
-    from strata.cpusets import pin_current_process
-    pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only
-    tls_dir = server_tls(args, cfg, "master")
-    spec = group_spec_of(args, cfg)
+    pin_current_process(level, cfg)  # [groups."L"] cpus: this level's CPUs only
+    tls_dir = server_tls(level, "master", args.tls_dir, args.state_dir, args.insecure)
+    spec = group_spec_of(cfg, level, args.state_dir, args.multicast_port)
     users = UserStore(cfg.users_path, cfg.lattice)
-    chunk_instants = max(1, round(args.chunk_seconds / cfg.instant_seconds))
     state_path = None
     if args.state_file and not args.no_persist:
         state_path = Path(args.state_file)
     elif args.state_dir and not args.no_persist:
-        from strata.groups import level_slug
-
-        state_path = Path(args.state_dir) / f"master-{level_slug(cfg.lattice.parse(args.level))}.sqlite"
+        state_path = Path(args.state_dir) / f"master-{level_slug(level)}.sqlite"
     elif not args.no_persist:
         progress("WARNING: no --state-dir: queries, sessions and input are lost if this master stops")
     if args.owner:
         progress(f"user {args.owner} has every role on this master (--owner)")
     try:
         if peers:  # a standby of the active one, or the active one its standbys follow (master/standby.py)
-            from strata.master.standby import Fenced, serve_replicated
+            from strata.master.standby import Fenced, serve_replicated  # deferred: as the server, above
 
             try:
-                serve_replicated(cfg, args.level, args.listen, spec, users, peers, state_path,
+                serve_replicated(cfg, level, args.listen, spec, users, peers, state_path,
                                  chunk_instants=chunk_instants, ready=ready_writer(args.ready_file, "master"),
                                  tls_dir=tls_dir, owner=args.owner or None, takeover_seconds=args.takeover_seconds)
             except Fenced as e:
                 raise CliError(str(e)) from None
         else:
-            serve_master(cfg, args.level, args.listen, spec, users, chunk_instants=chunk_instants,
+            serve_master(cfg, level, args.listen, spec, users, chunk_instants=chunk_instants,
                          ready=ready_writer(args.ready_file, "master"), tls_dir=tls_dir, state_path=state_path,
                          owner=args.owner or None)
     except StateMismatch as e:  # the state file belongs to another level or configuration
@@ -63,7 +64,7 @@ def add_parsers(sub) -> None:
     m = sub.add_parser("master", help="run the master of one level")
     add_process_options(m)
     m.add_argument("--listen", default="127.0.0.1:0")
-    m.add_argument("--chunk-seconds", type=float, default=1.0)
+    add_chunk_seconds(m)
     m.add_argument("--no-persist", action="store_true",
                    help="keep queries, sessions and input in memory only (a restart loses them)")
     m.add_argument("--owner", metavar="USER",

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from strata.chunking.chunker import Chunker, ChunkingError
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
+from strata.errors import one_line  # the master's modules take it from here
 from strata.mlscql import CompiledQuery, compile_query
 from strata.sharing import SharedPlan, sharing_enabled
 
@@ -52,12 +53,6 @@ class Released:
     #: the query failed in this chunk: a one-line reason; ``rows`` hold its output before ``error_ts``
     error: str | None = None
     error_ts: int | None = None
-
-
-def one_line(text) -> str:
-    """The first non-empty line of an error text, at most 300 characters."""
-    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _ts_at_most(rows: pa.Table, upto: int) -> pa.Table:

@@ -8,9 +8,12 @@ Every call but Login/Logout/Status needs a role of the session's user
 (:data:`strata.users.ROLES`): :meth:`Sessions.require` checks the session *and*
 the role on every call (and on every batch of an ingest stream, every message
 of a result stream), so a revocation or a role change applied by the users-file
-watcher (:meth:`Sessions.set_roles`) takes effect at the next message.  The
-``owner`` of a private master (``strata master --owner NAME``, used by the
-embedded runs a user starts for themself) has every role there.
+watcher (:class:`~strata.master.users_watch.UsersWatch`, :meth:`Sessions.set_roles`) takes
+effect at the next message.  The ``owner`` of a private master (``strata master --owner NAME``,
+used by the embedded runs a user starts for themself) has every role there.
+
+Open result and ingest streams are limited per session and per user (:class:`StreamLimits`,
+``[limits] max_streams_per_session`` and ``max_streams_per_user``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from strata.config import Limits
 from strata.throttle import LOGIN_FAILED, MAX_PASSWORD, MAX_USER_NAME, LoginThrottle
 from strata.users import ROLES, AuthError, Principal, UserStore
 
 from .store import token_digest
 
-__all__ = ["Sessions", "Session", "RoleError", "dominates", "MAX_USER_NAME", "MAX_PASSWORD", "LOGIN_FAILED"]
+__all__ = ["Sessions", "Session", "RoleError", "StreamLimits", "dominates", "MAX_USER_NAME", "MAX_PASSWORD",
+           "LOGIN_FAILED", "DEFAULT_MAX_STREAMS_PER_SESSION", "DEFAULT_MAX_STREAMS_PER_USER"]
 
+#: the defaults of ``[limits] max_streams_per_session`` and ``max_streams_per_user`` (strata/config.py)
+DEFAULT_MAX_STREAMS_PER_SESSION = Limits.max_streams_per_session
+DEFAULT_MAX_STREAMS_PER_USER = Limits.max_streams_per_user
 
 
 class RoleError(PermissionError):
@@ -195,6 +203,11 @@ class Sessions:
                             f"{', '.join(sorted(have)) or 'no role'} (strata users set-roles)")
         return s
 
+    def denied_counts(self) -> dict[str, int]:
+        """The calls refused for a missing role so far (call name -> n; operators see them)."""
+        with self._lock:
+            return dict(self.denied)
+
     def set_roles(self, user: str, roles) -> int:
         """Give every open session of ``user`` these roles (the users file changed); returns how many changed."""
         new = self._roles_of(user, roles)
@@ -259,3 +272,51 @@ class Sessions:
     def users(self) -> set[str]:
         with self._lock:
             return {s.principal.user for s in self._by_token.values()}
+
+
+class StreamLimits:
+    """Open streams per session and per user: one more than allowed is refused (counted under
+    ``too_many_streams``), so no one user can hold the master's streams."""
+
+    def __init__(self, per_session: int = DEFAULT_MAX_STREAMS_PER_SESSION,
+                 per_user: int = DEFAULT_MAX_STREAMS_PER_USER, count=None):
+        self.per_session = int(per_session)
+        self.per_user = int(per_user)
+        self._count = count  # reason -> None: counts a refusal (the core's rejected counts)
+        self._lock = threading.Lock()
+        self.sessions: Counter = Counter()  # session token -> open streams
+        self.users: Counter = Counter()
+
+    @classmethod
+    def of(cls, config, count=None) -> "StreamLimits":
+        return cls(config.limits.max_streams_per_session, config.limits.max_streams_per_user, count)
+
+    def open(self, session, call: str) -> str | None:
+        """Take a stream slot for ``session``; None, or the one-line reason it is refused."""
+        key, user = session.token, session.principal.user
+        with self._lock:
+            if self.sessions[key] >= self.per_session:
+                why = (f"too many open streams: this session already has {self.sessions[key]} open (limit "
+                       f"{self.per_session}, [limits] max_streams_per_session); {call} refused, close one first")
+            elif self.users[user] >= self.per_user:
+                why = (f"too many open streams: user {user} already has {self.users[user]} open across its "
+                       f"sessions (limit {self.per_user}, [limits] max_streams_per_user); {call} refused")
+            else:
+                self.sessions[key] += 1
+                self.users[user] += 1
+                return None
+        if self._count is not None:
+            self._count("too_many_streams")
+        return why
+
+    def close(self, session) -> None:
+        key, user = session.token, session.principal.user
+        with self._lock:
+            for c, k in ((self.sessions, key), (self.users, user)):
+                c[k] -= 1
+                if c[k] <= 0:
+                    del c[k]
+
+    def open_streams(self) -> int:
+        with self._lock:
+            return sum(self.sessions.values())

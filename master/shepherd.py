@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.lattice import Lattice
+from strata.visibility import Visibility
 
 __all__ = ["Shepherd", "ShepherdError"]
 
@@ -37,8 +38,8 @@ class Shepherd:
 
     def __post_init__(self) -> None:
         self.level = self.lattice.parse(self.level)
-        self._visible = sorted(self.lattice.dominated(self.level))
-        self._visible_set = frozenset(self._visible)
+        #: what this master may hold: labels here are canonical (``_canonical`` runs first)
+        self.visibility = Visibility(self.lattice, self.level, canonical=True)
 
     def canonical_levels(self, table: pa.Table) -> pa.Table:
         """The batch with every level in canonical form; a missing, null or unknown level
@@ -77,14 +78,7 @@ class Shepherd:
         if table.num_rows == 0:
             return table, 0
         table, levels = self._canonical(table)
-        visible = levels & self._visible_set
-        if len(visible) == len(levels):
-            return table, 0
-        if not visible:
-            kept = table.slice(0, 0)
-        else:
-            kept = table.filter(pc.is_in(table.column("level"), value_set=pa.array(sorted(visible), pa.string())))
-        return kept, table.num_rows - kept.num_rows
+        return self.visibility.without_hidden(table, self.visibility.labels(sorted(levels)))
 
     def admit(self, stream: str, table: pa.Table) -> pa.Table:
         """:meth:`filter`, counting the dropped rows per stream in ``dropped`` (tests and the

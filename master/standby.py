@@ -9,15 +9,16 @@ a :class:`Node`.  Before it serves it asks its peers what they are (``Probe``, :
   level's group key) and receives a copy of the active's state file (SQLite's online backup,
   :meth:`MasterStore.snapshot_to`), which replaces its own (a returning old master's log tail after
   the point where it diverged is dropped with it), then every write of the active's store as it is
-  committed (:class:`LogShipper`: events under the same seq numbers, producers' marks, sessions,
-  checkpoints), each confirmed once stored (``synchronous=FULL``).  A standby refuses every client
+  committed (:class:`~strata.master.log_shipping.LogShipper`, master/log_shipping.py: events under
+  the same seq numbers, producers' marks, sessions, checkpoints), each confirmed once stored
+  (``synchronous=FULL``).  A standby refuses every client
   call with FAILED_PRECONDITION and one line naming the active (:func:`standby_refusal`), serves no
   client and dispatches nothing.
 * no peer answers (or only masters starting too, and this one has the newest log): it becomes
   **active** at a new **epoch** (one more than any it knows, persisted in its state file).
 
 The active acknowledges a write (an ingest batch, a registration, an advance, a session, ...) only
-once every standby in sync confirmed it (:meth:`LogShipper.wait`, synchronous replication); a
+once every standby in sync confirmed it (``LogShipper.wait``, synchronous replication); a
 standby that does not confirm within ``ack_seconds`` (2 s) is detached (counted, logged) and the
 active goes on alone; the standby attaches again, with a new copy.
 
@@ -31,55 +32,55 @@ Fencing: the epoch is signed into every Execute (:func:`strata.groups.execute_di
 refuses an epoch below the highest it has seen (worker/service.py ``fence``), and a master refused so
 stops (:class:`Fenced`): restarted, it finds the active one and follows it.
 
-Everything but :class:`Node`'s calls and :func:`serve_replicated` is plain logic (tests/test_standby.py).
+This module holds the decisions (plain logic: :func:`start_decision`, :func:`takeover_decision`,
+:func:`next_epoch`), the :class:`Node` that acts on them (its calls to peers, the Follow stream it
+reads), and :func:`serve_replicated`; the active side's shipping is in master/log_shipping.py
+(tests/test_standby.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 import uuid
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
+from strata.errors import one_line
 from strata.groups import AUTH_HEADER, sign_request, verify_request
 from strata.logs import RepeatLimiter
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
-from strata.serving import MAX_MESSAGE
+from strata.serving import MAX_MESSAGE, run_until_stopped
+from strata.tls import PeerCheck, secure_channel
 
-from .pipeline import one_line
-from .store import MasterStore, StateMismatch
+from .aio_server import MasterServer
+from .log_shipping import DEFAULT_ACK_SECONDS, LogShipper
+from .loops import MasterLoops, build_core
+from .server import MasterServicer, client_tls, warm_up
+from .store import MasterStore, StateMismatch, config_fingerprint
 
 __all__ = ["PeerView", "start_decision", "takeover_decision", "next_epoch", "standby_refusal", "is_standby_refusal",
-           "LogShipper", "Node", "Fenced", "serve_replicated", "DEFAULT_TAKEOVER_SECONDS", "DEFAULT_ACK_SECONDS"]
+           "peer_digest", "Node", "Fenced", "serve_replicated", "DEFAULT_TAKEOVER_SECONDS"]
 
 log = logging.getLogger("strata.master")
 limited = RepeatLimiter(log)  # what may repeat every second (a follow that fails again): once a minute
 
 #: seconds without an answer from the active after which a standby in sync takes over
 DEFAULT_TAKEOVER_SECONDS = 2.0
-#: seconds the active waits for a standby's confirmation of a write before it detaches it
-DEFAULT_ACK_SECONDS = 2.0
-PING_SECONDS = 0.5  # the active's pings on an idle Follow stream
 STALL_SECONDS = 3.0  # a Follow stream that carries nothing this long counts as broken
 FIRST_RECORD_SECONDS = 60.0  # ... before its first record (the active copies its state file meanwhile)
 PROBE_SECONDS = 1.0  # a Probe's deadline
 SETTLE_SECONDS = 1.0  # masters starting together look again this long before the newest log goes active
 LOOK_SECONDS = 0.2  # how often a master without an active one asks its peers
-PIECE = 1 << 20  # bytes of the state file's copy per record
-MAX_QUEUE_BYTES = 512 << 20  # records waiting for one standby beyond which it is detached
 
 
 class Fenced(RuntimeError):
@@ -168,185 +169,6 @@ def next_epoch(own: int, answers: dict) -> int:
     return max([int(own)] + [int(v.epoch) for v in answers.values() if v is not None]) + 1
 
 
-# ---- the active side: shipping the store's writes ---------------------------------------------------
-class _Follower:
-    def __init__(self, name: str):
-        self.name = name
-        self.base = 0  # the record the copy of the file stands for
-        self.queue: deque = deque()  # (lsn, kind, body, data) committed after the copy, not yet sent
-        self.bytes = 0
-        self.confirmed = -1
-        self.mark: int | None = None  # the last record of the first batch sent after the copy
-        self.synced = False  # confirmed the copy and that batch: writes wait for it from now on
-        self.detached: str | None = None
-
-
-class LogShipper:
-    """Ships every committed write of ``store`` (its :attr:`~MasterStore.listener`) to the attached
-    standbys and waits for their confirmations (:meth:`wait`).  Records are numbered (``lsn``) in
-    commit order; a standby attaches with a copy of the file taken under the store's lock, so it
-    gets exactly the records after it."""
-
-    def __init__(self, store: MasterStore, ack_seconds: float = DEFAULT_ACK_SECONDS,
-                 max_queue_bytes: int = MAX_QUEUE_BYTES, clock=time.monotonic):
-        self.store = store
-        self.ack_seconds = float(ack_seconds)
-        self.max_queue_bytes = int(max_queue_bytes)
-        self._clock = clock
-        self.cond = threading.Condition()
-        self.lsn = 0
-        self.followers: dict[int, _Follower] = {}
-        self._ids = 0
-        self.attached = 0  # attachments so far
-        self.detached = 0  # standbys detached (no confirmation in time, too far behind)
-        self.pool = ThreadPoolExecutor(4, thread_name_prefix="master-follow")
-        store.listener = self._on_write
-
-    # -- called under the store's lock -----------------------------------------------------------------
-    def _on_write(self, kind: str, body: dict, data: bytes | None) -> None:
-        with self.cond:
-            self.lsn += 1
-            for f in self.followers.values():
-                if f.detached:
-                    continue
-                f.queue.append((self.lsn, kind, body, data))
-                f.bytes += len(data or b"")
-                if f.bytes > self.max_queue_bytes:
-                    self._detach(f, f"{f.bytes} bytes of records waiting for it (more than {self.max_queue_bytes})")
-            self.cond.notify_all()
-
-    # -- followers -------------------------------------------------------------------------------------
-    def attach(self, name: str, copy: Path) -> _Follower:
-        """A new standby: the store's file copied to ``copy`` and the standby registered, under the
-        store's lock (no write in between)."""
-        f = _Follower(name)
-
-        def register() -> None:
-            with self.cond:
-                f.base = self.lsn
-                self._ids += 1
-                self.followers[self._ids] = f
-                self.attached += 1
-
-        self.store.snapshot_to(copy, then=register)
-        return f
-
-    def drop(self, f: _Follower) -> None:
-        with self.cond:
-            for k, v in list(self.followers.items()):
-                if v is f:
-                    del self.followers[k]
-            f.queue.clear()
-            self.cond.notify_all()
-
-    def _detach(self, f: _Follower, why: str) -> None:  # with cond held
-        if f.detached:
-            return
-        f.detached = why
-        f.queue.clear()
-        f.bytes = 0
-        self.detached += 1
-        log.warning("standby %s detached: %s; going on alone until it attaches again", f.name, why)
-        self.cond.notify_all()
-
-    def take(self, f: _Follower, timeout: float) -> list:
-        """The records waiting for ``f`` (blocks up to ``timeout`` for one)."""
-        with self.cond:
-            if not f.queue and not f.detached:
-                self.cond.wait(timeout)
-            out = list(f.queue)
-            f.queue.clear()
-            f.bytes = 0
-            if f.mark is None and not f.detached:
-                f.mark = out[-1][0] if out else f.base
-                self._check_synced(f)
-            return out
-
-    def confirm(self, f: _Follower, lsn: int) -> None:
-        with self.cond:
-            if lsn > f.confirmed:
-                f.confirmed = int(lsn)
-                self._check_synced(f)
-                self.cond.notify_all()
-
-    def _check_synced(self, f: _Follower) -> None:  # with cond held
-        if not f.synced and not f.detached and f.mark is not None and f.confirmed >= f.mark:
-            f.synced = True
-            log.warning("standby %s in sync at record %d: writes are acknowledged once it stored them", f.name,
-                        f.confirmed)
-
-    def in_sync(self) -> int:
-        with self.cond:
-            return sum(1 for f in self.followers.values() if f.synced and not f.detached)
-
-    def wait(self, lsn: int | None = None) -> bool:
-        """Block until every standby in sync confirmed record ``lsn`` (default: the newest), at most
-        ``ack_seconds``; those that did not are detached.  True if none was."""
-        with self.cond:
-            lsn = self.lsn if lsn is None else int(lsn)
-            deadline = self._clock() + self.ack_seconds
-            while True:
-                behind = [f for f in self.followers.values() if f.synced and not f.detached and f.confirmed < lsn]
-                if not behind:
-                    return True
-                left = deadline - self._clock()
-                if left <= 0:
-                    for f in behind:
-                        self._detach(f, f"no confirmation of record {lsn} within {self.ack_seconds:g} s")
-                    return False
-                self.cond.wait(left)
-
-    # -- the Follow stream (on the master's event loop) -------------------------------------------------
-    async def serve(self, first, request_iterator, context):
-        """The records of one Follow call: the copy of the state file in pieces, ``snapshot_end``, then
-        the records as they are committed (a ``ping`` every :data:`PING_SECONDS` when idle)."""
-        loop = asyncio.get_running_loop()
-
-        def run(fn, *args):
-            return loop.run_in_executor(self.pool, functools.partial(fn, *args))
-
-        name = first.follower or context.peer()
-        copy = self.store.path.with_name(f".{self.store.path.name}.follow-{uuid.uuid4().hex[:12]}")
-        f = None
-        reader = None
-        try:
-            f = await run(self.attach, name, copy)
-            size = copy.stat().st_size
-            log.warning("standby %s attached: a copy of the state file (%d bytes) at record %d", name, size, f.base)
-
-            async def confirmations():  # every message after the first confirms (record 0: an empty log's copy)
-                async for m in request_iterator:
-                    self.confirm(f, int(m.confirmed))
-
-            reader = asyncio.ensure_future(confirmations())
-            with open(copy, "rb") as fh:
-                while True:
-                    piece = await run(fh.read, PIECE)
-                    if not piece:
-                        break
-                    yield pb.LogRecord(kind="snapshot", lsn=f.base, data=piece)
-            copy.unlink(missing_ok=True)
-            yield pb.LogRecord(kind="snapshot_end", lsn=f.base, body=json.dumps({"bytes": size}).encode())
-            while True:
-                records = await run(self.take, f, PING_SECONDS)
-                if f.detached:
-                    await context.abort(grpc.StatusCode.ABORTED, f"detached: {f.detached}")
-                if reader.done() and not records:
-                    return  # the standby closed its side
-                if not records:
-                    yield pb.LogRecord(kind="ping", lsn=self.lsn)
-                for lsn, kind, body, data in records:
-                    yield pb.LogRecord(kind=kind, lsn=lsn, body=json.dumps(body).encode(), data=data or b"")
-        finally:
-            if reader is not None:
-                if reader.done() and not reader.cancelled():
-                    reader.exception()  # retrieved: a cancelled call's read error is no news
-                reader.cancel()
-            if f is not None:
-                self.drop(f)
-            copy.unlink(missing_ok=True)
-
-
 # ---- a master with peers ------------------------------------------------------------------------------
 class Node:
     """One master of a level with peers: its role (starting, standby, activating, active), the
@@ -356,8 +178,6 @@ class Node:
     def __init__(self, level: str, store: MasterStore, peers: list[str], key: bytes, tls_dir=None,
                  takeover_seconds: float = DEFAULT_TAKEOVER_SECONDS, ack_seconds: float = DEFAULT_ACK_SECONDS,
                  stop: threading.Event | None = None):
-        from strata.tls import PeerCheck
-
         self.level = level
         self.store = store
         self.peers = [p for p in dict.fromkeys(p.strip() for p in peers) if p]
@@ -449,8 +269,6 @@ class Node:
             opts = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
                     ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
             if self.tls_dir is not None:  # as a master of this level, to a master of this level
-                from strata.tls import secure_channel
-
                 ch = secure_channel(address, self.tls_dir, "master", self.level, "master", opts)
             else:
                 ch = grpc.insecure_channel(address, opts)
@@ -656,13 +474,6 @@ def serve_replicated(config, level: str, listen: str, spec, users, peers: list[s
     """Run a master of ``level`` with ``peers`` (the level's other masters) until SIGTERM/SIGINT (or
     ``stop_event``): a standby of the active one, or the active one (:class:`Node`).  Raises what
     stopped it (:class:`Fenced`, a :class:`StateMismatch` of its state file)."""
-    import signal
-
-    from strata.serving import run_until_stopped
-
-    from .server import MasterLoops, MasterServer, MasterServicer, build_core, client_tls, warm_up
-    from .store import config_fingerprint
-
     lv = config.lattice.parse(level)
     warm_up(config, lv)
     store = MasterStore(state_path, lv, config_fingerprint(config))

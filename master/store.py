@@ -117,7 +117,7 @@ class MasterStore:
         self.path = Path(path)
         self.level, self.fingerprint = level, fingerprint
         #: called under the lock with (kind, body, data) after each committed write (an active master
-        #: with standbys ships them: :class:`strata.master.standby.LogShipper`); None: nobody listens
+        #: with standbys ships them: :class:`strata.master.log_shipping.LogShipper`); None: nobody listens
         self.listener = None
         self._lock = threading.Lock()
         with self._lock:

@@ -14,10 +14,17 @@ import json
 import os
 import sys
 
-from . import __version__
-from .config import ConfigError, config_of
+from . import __version__, commands
+from .cli_support import config_of
+from .config import ConfigError
+from .deploy import cli as deploy_cli
+from .deploy import demo, local, replay, scale_cli
 from .errors import EXIT_ERROR, EXIT_OK, EXIT_REJECTED, CliError
 from .logs import flush_output
+from .master import main as master_main
+from .mlscql import QueryError, compile_query
+from .users import UserError, UserStore, check_roles, principals
+from .worker import main as worker_main
 
 
 # ---- users ------------------------------------------------------------------------
@@ -32,7 +39,6 @@ def _read_password(confirm: bool) -> str:
 
 
 def cmd_users_add(args) -> int:
-    from .users import UserError, UserStore
 
     cfg = config_of(args)
     store = UserStore(cfg.users_path, cfg.lattice)
@@ -48,7 +54,6 @@ def cmd_users_add(args) -> int:
 
 
 def _roles(text: str) -> frozenset:
-    from .users import UserError, check_roles
 
     try:
         return check_roles(text)
@@ -57,7 +62,6 @@ def _roles(text: str) -> frozenset:
 
 
 def cmd_users_list(args) -> int:
-    from .users import UserError, UserStore, principals
 
     cfg = config_of(args)
     store = UserStore(cfg.users_path, cfg.lattice)
@@ -86,7 +90,6 @@ def cmd_users_list(args) -> int:
 
 def _users_change(args, action: str, *extra):
     """Apply one administrator change to the users file (``UserStore.<action>``)."""
-    from .users import UserError, UserStore
 
     cfg = config_of(args)
     try:
@@ -126,7 +129,6 @@ def cmd_users_logout(args) -> int:
 
 # ---- explain ----------------------------------------------------------------------
 def cmd_explain(args) -> int:
-    from .mlscql import QueryError, compile_query
 
     cfg = config_of(args)
     specs = _explain_queries(args)
@@ -247,26 +249,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: modules that add subcommands: each defines ``add_parsers(sub)``
-EXTENSION_MODULES = ["strata.master.main", "strata.worker.main", "strata.deploy.local", "strata.commands",
-                     "strata.deploy.replay", "strata.deploy.demo", "strata.deploy.cli", "strata.deploy.scale_cli"]
-_EXTENSIONS: list = []
+#: the modules that add subcommands, in the order ``strata --help`` lists them: each defines
+#: ``add_parsers(sub)``.  Imported above, so a missing or broken one stops every command with its
+#: error instead of its commands silently vanishing.  They keep their heavy imports (Spark, Ray,
+#: pyarrow, the gRPC servers) inside the commands, so ``strata --help`` stays quick.
+COMMAND_MODULES = (master_main, worker_main, local, commands, replay, demo, deploy_cli, scale_cli)
+_EXTENSIONS = [m.add_parsers for m in COMMAND_MODULES]
 
 
 def _load_extensions() -> None:
-    import importlib
-    import importlib.util
-
-    if _EXTENSIONS:
-        return
-    for name in EXTENSION_MODULES:
-        if importlib.util.find_spec(name) is None:  # a subsystem not built yet
-            continue
-        _EXTENSIONS.append(importlib.import_module(name).add_parsers)
+    """Nothing to load any more: :data:`COMMAND_MODULES` are imported with this module (kept for
+    callers that still call it before :func:`build_parser`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    _load_extensions()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

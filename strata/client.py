@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from strata.arrowio import from_ipc, to_ipc
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
+from strata.tls import TlsError, find_client_level, secure_channel
 
 __all__ = ["Client", "ClientError", "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded",
            "IngestResult", "master_addresses"]
@@ -237,8 +238,6 @@ class Client:
                       # a restarted master is found again within ~2 s, not after gRPC's default 2 min back-off
                       ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
         if tls_dir is not None:
-            from strata.tls import TlsError, find_client_level
-
             level = level or find_client_level(tls_dir)
             if level is None:
                 raise TlsError(f"{tls_dir}: several or no client certificates; say which level to use")
@@ -258,8 +257,6 @@ class Client:
         if ch is None:
             tls_dir, level = self._tls
             if tls_dir is not None:
-                from strata.tls import secure_channel
-
                 ch = secure_channel(address, tls_dir, "client", level, "master", self._opts)
             else:
                 ch = grpc.insecure_channel(address, self._opts)

@@ -1,27 +1,37 @@
-"""Client subcommands of ``strata``: certs, status, query, ingest, advance; and the client helpers
-(login, calls with one-line errors, input files) that ``strata replay`` (deploy/replay.py) shares.
+"""Client subcommands of ``strata``: certs, status, query, streams, ingest, advance (``cmd_*`` and
+their parsers, :func:`add_parsers`).
 
-The process commands live with their roles (``strata master``: master/main.py, ``strata
-worker``: worker/main.py), the embedded cluster in deploy/local.py (``strata up/down``) and
-replay/demo in deploy/replay.py.  Exit codes: :mod:`strata.errors`.
+What they share with ``strata replay`` (deploy/replay.py) lives in the core: the session with a
+master (login, calls with one-line errors, query registration) in :mod:`strata.session`, input
+files and their batches in :mod:`strata.inputs`.  The process commands live with their roles
+(``strata master``: master/main.py, ``strata worker``: worker/main.py), the embedded cluster in
+deploy/local.py (``strata up/down``) and replay/demo in deploy/replay.py.  Exit codes:
+:mod:`strata.errors`.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from .config import config_of
-from .errors import EXIT_DENIED, EXIT_FAILED, EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
+from .cli_support import config_of
+from .config import StreamSchema, with_streams
+from .errors import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_REJECTED, CliError
+from .inputs import batches_of, drop_above, instant_batches, parse_inputs, read_input
 from .serving import progress
+from .session import client_call, client_level, client_tls, fmt_value, login, master_of, read_password, register_queries
+from .tls import create_deployment
 
-__all__ = ["add_parsers", "split_levels", "parse_levels", "read_password", "login", "master_of", "client_call", "client_tls",
-           "register_queries", "fmt_value", "read_input", "parse_inputs", "drop_above", "instant_batches", "producer_id",
-           "EXIT_FAILED", "EXIT_DENIED"]
+#: what the module's users import from it: its commands, the level list of ``--levels``, and (for
+#: older callers) the session and input helpers that moved to strata.session and strata.inputs
+__all__ = ["add_parsers", "split_levels", "parse_levels", "producer_id", "parse_schema", "with_master_streams",
+           "read_password", "login", "master_of", "client_call", "client_tls", "register_queries", "fmt_value",
+           "read_input", "parse_inputs", "drop_above", "instant_batches", "EXIT_FAILED", "EXIT_DENIED"]
 
 
 def split_levels(text: str) -> list[str]:
@@ -47,8 +57,6 @@ def parse_levels(cfg, text: str) -> list[str]:
 
 
 def cmd_certs(args) -> int:
-    from .tls import create_deployment
-
     cfg = config_of(args)
     levels = parse_levels(cfg, args.levels)
     hosts = [h.strip() for h in (args.hosts or "").split(",") if h.strip()]
@@ -60,99 +68,6 @@ def cmd_certs(args) -> int:
     return EXIT_OK
 
 
-# ---- client commands ----------------------------------------------------------------------
-def read_password() -> str:
-    pw = os.environ.get("STRATA_PASSWORD")
-    if pw is None:
-        if sys.stdin is not None and sys.stdin.isatty():
-            import getpass
-
-            return getpass.getpass("password: ")
-        raise CliError("set STRATA_PASSWORD (or run interactively)", EXIT_LOGIN)
-    return pw
-
-
-def _client_level(args) -> str:
-    if not getattr(args, "level", None):
-        return ""
-    try:
-        return config_of(args).lattice.parse(args.level)
-    except ValueError as e:
-        raise CliError(f"--level: {e}", EXIT_REJECTED) from None
-
-
-def client_tls(args) -> str | None:
-    return getattr(args, "tls_dir", None) or os.environ.get("STRATA_TLS_DIR") or None
-
-
-def master_of(args) -> str:
-    """The master(s) a client command talks to: ``--master`` (``host:port``, or the level's masters
-    ``a:port,b:port``: an active one and its standbys), else the configuration's ``[groups."L"] masters``
-    of the login level (``--level L``, or the only level that lists masters)."""
-    if getattr(args, "master", None):
-        return args.master
-    cfg = config_of(args)
-    level = _client_level(args)
-    listed = {lv: g["masters"] for lv, g in ((cfg.sections.get("groups") or {}).items())
-              if isinstance(g, dict) and g.get("masters")}
-    pick = None
-    for lv, masters in listed.items():
-        try:
-            if level and cfg.lattice.parse(lv) == level:
-                pick = masters
-        except ValueError:
-            continue
-    if not level and len(listed) == 1:
-        pick = next(iter(listed.values()))
-    if not pick:
-        raise CliError("give --master HOST:PORT (or the level's masters A:PORT,B:PORT), or list them in the "
-                       "configuration: [groups.\"L\"] masters = [\"host:port\", ...] with --level L", EXIT_REJECTED)
-    return pick if isinstance(pick, str) else ",".join(str(m) for m in pick)
-
-
-def login(address: str, user: str, level: str = "", tls_dir: str | None = None, password: str | None = None):
-    """A logged-in client of the master at ``address`` (``host:port``, or the level's masters
-    ``a:port,b:port``: the client logs in at the active one; ``password``: read from STRATA_PASSWORD or
-    the terminal when not given)."""
-    from .client import Client, ClientError, LoginFailed
-    from .tls import TlsError
-
-    try:
-        c = Client(address, tls_dir=tls_dir, level=level or None)
-    except TlsError as e:
-        raise CliError(str(e)) from None
-    except ValueError as e:
-        raise CliError(f"--master: {e}", EXIT_REJECTED) from None
-    try:
-        c.login(user, read_password() if password is None else password, level)
-    except LoginFailed as e:
-        c.close()
-        raise CliError(str(e), EXIT_LOGIN) from None
-    except ClientError as e:
-        c.close()
-        if e.code == "FAILED_PRECONDITION":  # a standby master: its one line names the active one
-            raise CliError(e.details, EXIT_REJECTED) from None
-        hint = "" if tls_dir else " (a TLS master needs --tls-dir with a client certificate of its level)"
-        raise CliError(f"cannot reach master {address}: {e}{hint}") from None
-    return c
-
-
-def client_call(fn, *a, what: str = "", **kw):
-    """Run a client call; a refusal becomes a one-line CliError with its exit code."""
-    from .client import ClientError, PermissionDenied, SessionEnded
-
-    try:
-        return fn(*a, **kw)
-    except PermissionDenied as e:
-        raise CliError(str(e), EXIT_DENIED) from None
-    except SessionEnded as e:
-        raise CliError(f"{what}{e}", EXIT_LOGIN) from None
-    except ClientError as e:
-        if e.code in ("OUT_OF_RANGE", "INVALID_ARGUMENT", "FAILED_PRECONDITION"):  # refused: the master's one line
-            raise CliError(f"{what}{e.details}", EXIT_REJECTED) from None
-        raise CliError(f"{what}{e}") from None
-
-
 def _query_rows(queries) -> list[dict]:
     return [{"query": q.query_id, "state": q.state, "last_ts": q.last_ts, "text": q.text, "error": q.error}
             | ({"stopped_after": q.stopped_after} if q.state not in ("running", "ended") else {})
@@ -160,7 +75,7 @@ def _query_rows(queries) -> list[dict]:
 
 
 def cmd_status(args) -> int:
-    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, client_level(args), client_tls(args))
     try:
         st = client_call(c.status)
     finally:
@@ -205,31 +120,6 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
-def register_queries(c, queries: list[str]):
-    from .client import QueryRejected
-
-    def register():
-        try:
-            return c.register(queries)
-        except QueryRejected as e:  # before the general mapping: a rejected query exits 2
-            raise CliError(str(e).replace("\n", " "), EXIT_REJECTED) from None
-
-    regs = client_call(register)
-    for r in regs:
-        progress(f"{r.query_id}: {r.rewritten}")
-    return regs
-
-
-def fmt_value(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
 def _print_queries(rows: list[dict], fmt: str) -> None:
     if fmt == "json":
         for r in rows:
@@ -256,7 +146,7 @@ def cmd_query(args) -> int:
                        EXIT_REJECTED)
     if args.action == "list" and args.ids:
         raise CliError("`strata query list` takes no ids", EXIT_REJECTED)
-    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, client_level(args), client_tls(args))
     if args.action is not None:
         try:
             if args.action == "list":
@@ -275,7 +165,7 @@ def cmd_query(args) -> int:
 
 
 def _follow_queries(c, args) -> int:
-    from .client import ClientError
+    from .client import ClientError  # deferred: strata.client loads pyarrow
 
     regs = register_queries(c, args.query)
     names = {r.query_id: list(r.columns) for r in regs}
@@ -320,241 +210,12 @@ def _raise(e):
     raise e
 
 
-def read_input(cfg, stream: str, path: str):
-    """A replay/ingest file: CSV with header ts,level,<attributes> (or JSON lines); a stored
-    relation's file also has the column ``op`` (``insert`` or ``delete``).
-
-    What is NULL is explicit (docs/operations.md, *Input files*): in CSV only an empty
-    field of a double, long, timestamp or boolean column is NULL; a string or level
-    column has no NULL (an empty field is the empty string).  ``NA``, ``NULL``, ``null``,
-    ``N/A``, ``nan`` … are not NULL: in a numeric or boolean column they are refused like
-    any other word.  A double must be finite: ``nan``/``NaN`` and ``inf`` are refused (in
-    JSON lines too, where ``null`` is NULL).  A refusal is one line naming the file, the
-    line and the column.  Reading stays Arrow's multi-threaded reader; the checks are
-    vectorized.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.csv as pcsv
-    import pyarrow.json as pjson
-
-    from strata.arrowio import ARROW_TYPES
-
-    schema = _stream_schema(cfg, stream)
-    types = {"ts": pa.int64(), "level": pa.string()}
-    types.update({c: ARROW_TYPES[t] for c, t in schema.columns})
-    declared = {"ts": "long", "level": "level", **dict(schema.columns)}
-    if schema.relation:  # a stored relation's rows say what they do: op = insert | delete
-        types["op"] = pa.string()
-        declared["op"] = "insert/delete"
-    is_json = path.endswith((".jsonl", ".json"))
-    first_line = 1 if is_json else 2  # the line of row 0 (one row per line; CSV: after the header)
-
-    def refuse(row, column, message):
-        where = f"line {row + first_line}, " if row is not None else ""
-        raise CliError(f"{path}: {where}column {column}: {message}", EXIT_REJECTED)
-
-    def header():
-        import csv as _csv
-
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            return next(_csv.reader(f), [])
-
-    def conversion_error(e):
-        """Arrow names the column by number and the bad value, not the row: find its first row."""
-        import re
-
-        m = re.search(r"In CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'", str(e))
-        if not m:
-            return
-        names = header()
-        idx, value = int(m.group(1)), m.group(3)
-        if idx >= len(names):
-            return
-        name = names[idx]
-        col = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
-            include_columns=[name], column_types={name: pa.string()}, strings_can_be_null=False,
-            quoted_strings_can_be_null=False)).column(0)
-        row = pc.index(col, value).as_py()
-        kind = declared.get(name, str(types.get(name, m.group(2))))
-        refuse(row if row is not None and row >= 0 else None, name,
-               f"{value!r} is not a {kind} value (only an empty field is NULL)")
-
-    try:
-        if is_json:
-            table = pjson.read_json(path, parse_options=pjson.ParseOptions(explicit_schema=pa.schema(types)))
-        else:
-            table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
-                column_types=types, null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False))
-    except OSError as e:
-        raise CliError(f"{path}: {str(e).splitlines()[0]}") from None
-    except pa.ArrowInvalid as e:
-        if not is_json:
-            conversion_error(e)
-        raise CliError(f"{path}: {str(e).splitlines()[0]}", EXIT_REJECTED) from None
-    for name in table.column_names:  # a double must be finite: nan and ±inf are refused, never NULL
-        col = table.column(name)
-        if pa.types.is_floating(col.type) and col.null_count < len(col) and not pc.all(pc.is_finite(col)).as_py():
-            row = pc.index(pc.is_finite(col), False).as_py()
-            refuse(row, name, f"{col[row].as_py()!r} is not a finite number (nan and inf are refused; "
-                              "an empty field is NULL)")
-    return schema.name, table
-
-
-def _stream_schema(cfg, stream: str):
-    """The schema of ``stream``, or the one line refusing an unknown name."""
-    schema = cfg.stream(stream)
-    if schema is None:
-        raise CliError(f"unknown stream {stream!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
-    return schema
-
-
-def _input_specs(specs: list[str]):
-    """(stream, file) of each ``--input STREAM=FILE``, in order; the first malformed one refused."""
-    for spec in specs:
-        if "=" not in spec:
-            raise CliError(f"--input must be STREAM=FILE, got {spec!r}", EXIT_REJECTED)
-        yield tuple(spec.split("=", 1))
-
-
-def check_inputs(cfg, specs: list[str]) -> None:
-    """The checks of :func:`parse_inputs` that need no reading, for a caller that reads later (the
-    replay reads while its cluster starts): each spec is STREAM=FILE, the stream exists, the file opens."""
-    for s, f in _input_specs(specs):
-        _stream_schema(cfg, s)
-        try:
-            with open(f, "rb"):
-                pass
-        except OSError as e:
-            raise CliError(f"{f}: {e.strerror or e}") from None
-
-
-def parse_inputs(cfg, specs: list[str]):
-    return [read_input(cfg, s, f) for s, f in _input_specs(specs)]
-
-
-def _batches(inputs, rows: int = 65536):
-    for stream, table in inputs:
-        for off in range(0, table.num_rows, rows):
-            yield stream, table.slice(off, rows)
-
-
-def _levels_by_dominance(cfg, col, level: str) -> tuple[list, list]:
-    """The distinct level texts of the column ``col`` that ``level`` dominates, and those it does not;
-    a missing or unknown level is in neither (the master names it)."""
-    import pyarrow.compute as pc
-
-    below, above = [], []
-    for text in pc.unique(col).to_pylist():
-        if text is None:
-            continue
-        try:
-            (below if cfg.lattice.leq(cfg.lattice.parse(text), level) else above).append(text)
-        except ValueError:
-            pass
-    return below, above
-
-
-def drop_above(cfg, inputs, level: str) -> tuple[list, int]:
-    """Labelled input without the rows whose level ``level`` (the session's) does not dominate, and
-    how many were left out.
-
-    The master's shepherd drops exactly these rows on arrival and tells only this producer how
-    many (master/shepherd.py), so sending them costs the producer, the wire and the master their
-    encoding and decoding for nothing: a quarter of a four-level CSV replayed at S.  Rows with no
-    level or an unknown one stay, so the master refuses their batch with its usual one line; the
-    shepherd still checks every row that is sent.  The producer knows its own data: leaving
-    rows out here changes nothing another session can see."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    out, dropped = [], 0
-    for stream, table in inputs:
-        if "level" not in table.column_names or not table.num_rows:
-            out.append((stream, table))
-            continue
-        col = table.column("level")
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-            out.append((stream, table))
-            continue
-        above = _levels_by_dominance(cfg, col, level)[1]
-        if not above:
-            out.append((stream, table))
-            continue
-        keep = pc.invert(pc.is_in(col, value_set=pa.array(above, col.type)))
-        kept = table.filter(pc.fill_null(keep, True))
-        dropped += table.num_rows - kept.num_rows
-        out.append((stream, kept))
-    return out, dropped
-
-
-def instant_batches(cfg, inputs, level: str | None, rows: int = 65536):
-    """The input in instant order across streams, in batches of about ``rows`` tuples, each group of
-    complete instants followed by an advance closing them: ``(stream, table, upto or None)``.
-
-    So the master cuts chunks and the workers compute while the rest is still being sent.  An
-    advance never goes beyond ``[limits] advance_horizon`` past the latest instant the master
-    keeps (rows ``level`` dominates; ``None``: every row is the session's own level).  Input whose
-    ``ts`` decreases is sent as it is, without advances (the master names the offending row)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    inputs = [(s, t) for s, t in inputs if t.num_rows]
-    if not inputs:
-        return
-    ts = {i: t.column("ts").to_numpy() for i, (_, t) in enumerate(inputs)}
-    if any(len(x) > 1 and bool((np.diff(x) < 0).any()) for x in ts.values()):
-        for stream, table in _batches(inputs, rows):
-            yield stream, table, None
-        return
-    horizon = int(getattr(getattr(cfg, "limits", None), "advance_horizon", 3600))
-    kept_max = {}  # per stream, per row: the largest ts of a kept row up to it (-1: none yet)
-    for i, (_, t) in enumerate(inputs):
-        if level is None or "level" not in t.column_names:
-            kept_max[i] = ts[i]
-            continue
-        col = t.column("level")
-        keep = _levels_by_dominance(cfg, col, level)[0]
-        mask = pc.is_in(col, value_set=pa.array(keep, pa.string())).to_numpy(zero_copy_only=False)
-        kept_max[i] = np.maximum.accumulate(np.where(mask, ts[i], -1))
-    instants = np.unique(np.concatenate(list(ts.values())))
-    starts = {i: np.searchsorted(x, instants, side="left") for i, x in ts.items()}
-    ends = {i: np.searchsorted(x, instants, side="right") for i, x in ts.items()}
-    sizes = sum(ends[i] - starts[i] for i in ts)
-    advanced = None
-    g = 0
-    while g < len(instants):
-        h, n = g, int(sizes[g])
-        while h + 1 < len(instants) and n + int(sizes[h + 1]) <= rows:
-            h += 1
-            n += int(sizes[h])
-        pieces = []
-        for i, (stream, t) in enumerate(inputs):
-            a, b = int(starts[i][g]), int(ends[i][h])
-            for off in range(a, b, rows):
-                pieces.append((stream, t.slice(off, min(rows, b - off))))
-        upto = None
-        if h + 1 < len(instants):  # the last group: the caller finishes the input
-            top = max(int(kept_max[i][int(ends[i][h]) - 1]) if ends[i][h] > 0 else -1 for i in ts)
-            upto = min(int(instants[h]), max(top, 0) + horizon)
-            if advanced is not None and upto <= advanced:
-                upto = None
-        for k, (stream, piece) in enumerate(pieces):
-            yield stream, piece, upto if k == len(pieces) - 1 else None
-        if upto is not None:
-            advanced = upto
-        g = h + 1
-
-
 def producer_id(args, inputs_specs: list[str], level: str, rows: int) -> str:
     """The producer id of an ingest: ``--producer-id``, else derived from what is sent: the input files'
     streams and contents and the options that decide how they are cut into batches.  The same command
     on the same files sends the same batches under the same id and sequence numbers, so running it
     again after it gave up (or after it was killed) applies nothing twice and sends on from where the
     master's log ends; a changed file is another producer."""
-    import hashlib
-
     given = getattr(args, "producer_id", None)
     if given:
         return given
@@ -574,8 +235,6 @@ def producer_id(args, inputs_specs: list[str], level: str, rows: int) -> str:
 def with_master_streams(cfg, c):
     """``cfg`` plus the streams the master behind client ``c`` declares that ``cfg`` does not (added at
     run time with ``strata streams add``)."""
-    from .config import StreamSchema, with_streams
-
     return with_streams(cfg, (StreamSchema(s.name, tuple((a.name, a.type) for a in s.attributes))
                               for s in client_call(c.streams)))
 
@@ -602,7 +261,7 @@ def cmd_streams(args) -> int:
     (argparse requires --config, --master and --user for both)."""
     if args.action == "add":
         attrs = parse_schema(args.schema)
-    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, client_level(args), client_tls(args))
     try:
         if args.action == "add":
             info = client_call(c.add_stream, args.name, attrs)
@@ -623,13 +282,13 @@ def cmd_ingest(args) -> int:
     """Send input files exactly once: batches numbered under a producer id, each acknowledged once it is
     in the master's log; on a lost connection (a master killed or restarted) one line, then reconnect,
     log in again and re-send from the first unacknowledged batch (the master skips what it has)."""
-    from .client import ClientError
+    from .client import ClientError  # deferred: strata.client loads pyarrow
 
     cfg = config_of(args)
     c = None
     try:
         if any(cfg.stream(spec.split("=", 1)[0]) is None for spec in args.input if "=" in spec):
-            c = login(master_of(args), args.user, _client_level(args), client_tls(args))
+            c = login(master_of(args), args.user, client_level(args), client_tls(args))
             cfg = with_master_streams(cfg, c)  # a stream added at run time: its schema is the master's
         inputs = parse_inputs(cfg, args.input)  # (a file's errors before connecting, where it can be)
     except BaseException:
@@ -637,7 +296,7 @@ def cmd_ingest(args) -> int:
             c.close()
         raise
     if c is None:
-        c = login(master_of(args), args.user, _client_level(args), client_tls(args))
+        c = login(master_of(args), args.user, client_level(args), client_tls(args))
     total = sum(t.num_rows for _, t in inputs)
     above = 0
     if args.labelled:  # rows the master's shepherd would drop on arrival: not sent
@@ -649,7 +308,7 @@ def cmd_ingest(args) -> int:
     if args.finish:  # the file is all there is: close instants as they complete, so results flow meanwhile
         batches = instant_batches(cfg, inputs, c.level if args.labelled else None, rows=rows)
     else:  # more may follow (from this or other producers): nothing is closed here
-        batches = ((s, t, None) for s, t in _batches(inputs, rows=rows))
+        batches = ((s, t, None) for s, t in batches_of(inputs, rows=rows))
     try:
         pid = producer_id(args, args.input, c.level, rows)
     except OSError as e:
@@ -699,7 +358,7 @@ def cmd_advance(args) -> int:
     """Close instants up to ``--upto`` (producer) or finish the input (producer or operator)."""
     if (args.upto is None) == (not args.finish):
         raise CliError("give exactly one of --upto N or --finish", EXIT_REJECTED)
-    c = login(master_of(args), args.user, _client_level(args), client_tls(args))
+    c = login(master_of(args), args.user, client_level(args), client_tls(args))
     try:
         n = client_call(c.advance, upto_ts=args.upto or 0, finish=args.finish)
     finally:
@@ -721,7 +380,7 @@ def add_parsers(sub) -> None:
     def client(p, required: bool = True, keep_parent: bool = False):
         """The client options.  ``keep_parent``: a sub-action's copy (``query cancel``) that leaves
         what was given before the action word alone (argparse copies a subparser's defaults over)."""
-        kw = {"default": argparse_suppress()} if keep_parent else {}
+        kw = {"default": argparse.SUPPRESS} if keep_parent else {}
         p.add_argument("--config", required=required, **kw)
         p.add_argument("--master", help="the master's host:port, or the level's masters a:port,b:port (an active one "
                                         "and its standbys: the client uses whichever is active); default: the "
@@ -749,7 +408,7 @@ def add_parsers(sub) -> None:
     qc.add_argument("ids", nargs="+", metavar="ID", help="query ids (see `strata query list`)")
     for sp in (ql, qc):
         client(sp, required=False, keep_parent=True)
-        sp.add_argument("--format", choices=["csv", "json"], default=argparse_suppress())
+        sp.add_argument("--format", choices=["csv", "json"], default=argparse.SUPPRESS)
 
     ing = sub.add_parser("ingest", help="send a CSV/JSONL file of tuples to a master")
     client(ing)
@@ -785,9 +444,3 @@ def add_parsers(sub) -> None:
                                               "advance_horizon past the latest ingested)")
     adv.add_argument("--finish", action="store_true", help="close every instant holding a tuple; no more input")
     adv.set_defaults(func=cmd_advance)
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS

@@ -1,4 +1,4 @@
-"""Deployment configuration: lattice, streams, time, cluster settings (TOML).
+"""Deployment configuration: lattice, streams, time, limits and cluster settings (TOML), typed.
 
 Example::
 
@@ -26,26 +26,44 @@ Example::
     spark_secret_file = "keys/S.spark"     # level's own cluster, reached with its secret (0600), Spark's
     spark_conf = { "spark.executor.memory" = "1g" }   # authentication and encryption on
 
-Errors raise ConfigError naming the file, the key and (when it can be found)
-the line.
+**Settings are declared once** (Spark's ``SQLConf``, Flink's ``ConfigOptions``): each is a field of
+its section's frozen dataclass, made by :func:`option` with its default, its :class:`Check` and its
+doc: ``[time]`` :class:`TimeSettings`, ``[limits]`` :class:`Limits`, ``[cluster]``
+:class:`ClusterSettings`, ``[sharing]`` :class:`SharingSettings`, ``[groups."L"]``
+:class:`GroupSettings` (its Spark keys parsed into a :class:`~strata.spark_settings.SparkSettings`),
+and :data:`CHUNK_SECONDS`, the chunk length of the commands that start masters.  :data:`OPTIONS`
+lists them all.  :func:`parse_config` reads and checks every one of them once, refusing an unknown
+key or a bad value with one line naming file, line and key; readers get typed values
+(``config.cluster.heartbeat_seconds``, ``config.group("S").spark``, ``config.sharing.enabled``,
+``config.limits.max_ts``) and never look at the TOML.
+
+Errors raise ConfigError naming the file, the key and (when it can be found) the line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import json
+import math
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
+from .cpusets import CpuSetError, disjoint_problem, parse_cpus
 from .errors import ConfigError
 from .lattice import Categories, ChineseWall, Lattice, TotalOrder
 from .names import MAX_NAME_CHARS, is_identifier, name_problem
+from .spark_settings import GROUP_KEYS as SPARK_KEYS
+from .spark_settings import SparkSettings, check_spark_settings, parse_spark
 
 __all__ = [
     "Config", "ConfigError", "Limits", "StreamSchema", "TYPES", "SYSTEM_COLUMNS", "MAX_TS_CEILING", "OP_COLUMN",
-    "RELATION_OPS",
-    "load_config", "parse_config", "config_of",
+    "RELATION_OPS", "TimeSettings", "ClusterSettings", "SharingSettings", "GroupSettings", "Check", "Option",
+    "option", "options_of", "OPTIONS", "SECTIONS", "CHUNK_SECONDS", "CHUNK_RULE", "chunk_instants",
+    "default_group_address", "load_config", "parse_config", "with_streams",
 ]
 
 #: attribute types a stream may declare
@@ -55,12 +73,316 @@ SYSTEM_COLUMNS = {"ts": "long", "level": "level"}
 #: the input column of a stored relation saying what a row does (values: RELATION_OPS)
 OP_COLUMN = "op"
 RELATION_OPS = ("insert", "delete")
-#: top-level sections; sections beyond lattice/time/streams/relations belong to the cluster
-KNOWN_SECTIONS = ("lattice", "time", "streams", "relations", "limits", "cluster", "groups", "tls", "security", "sharing")
+#: the top-level sections a configuration may have
+KNOWN_SECTIONS = ("lattice", "time", "streams", "relations", "limits", "cluster", "groups", "sharing")
 #: ``[limits]`` values stay below this, so a timestamp plus a RANGE length or a horizon fits a signed 64-bit long
 MAX_TS_CEILING = 2**62 - 1
 
 
+# ---- how a setting is declared -----------------------------------------------------------------------
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a setting's TOML value must be.
+
+    ``rule``: the refusal as its one-line error says it (``must be ...``); ``ok``: the test of a TOML
+    value; ``convert``: the typed value of one that passed (it may raise ValueError with a more
+    precise reason); ``error``: the class of the error :func:`parse_config` raises; ``bad``: values
+    it refuses (tests/test_settings.py tries each)."""
+
+    rule: str
+    ok: Callable[[Any], bool]
+    convert: Callable[[Any], Any] = _same
+    error: type = ConfigError
+    bad: tuple = ()
+
+    def parse(self, value: Any) -> Any:
+        """The typed value of ``value``; raises ValueError (the reason, one line) if it is refused."""
+        if not self.ok(value):
+            raise ValueError(self.rule)
+        try:
+            return self.convert(value)
+        except ValueError as e:
+            raise ValueError(str(e) or self.rule) from None
+
+
+def option(default: Any, doc: str, check: Check) -> Any:
+    """A setting of a section's dataclass: its default, doc and check, declared once."""
+    return field(default=default, metadata={"doc": doc, "check": check})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared setting: a field made by :func:`option` (``section`` its TOML table) or a
+    command's flag (``section`` empty)."""
+
+    section: str
+    name: str
+    default: Any
+    doc: str
+    check: Check
+
+    @property
+    def where(self) -> str:
+        return f"[{self.section}] {self.name}" if self.section else self.name
+
+
+def options_of(cls) -> tuple[Option, ...]:
+    """The settings a section's dataclass declares, in declaration order."""
+    return tuple(Option(cls.SECTION, f.name, f.default, f.metadata["doc"], f.metadata["check"])
+                 for f in fields(cls) if "check" in f.metadata)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def integer(lo: int, hi: int, rule: str | None = None) -> Check:
+    return Check(rule or f"must be an integer from {lo} to {hi}", lambda v: _is_int(v) and lo <= v <= hi, int,
+                 bad=(lo - 1, hi + 1, 1.5, True, str(lo)))
+
+
+def seconds(rule: str = "must be a positive number of seconds") -> Check:
+    return Check(rule, lambda v: _is_number(v) and v > 0, float, bad=(0, -3, True, "1", math.inf))
+
+
+def boolean() -> Check:
+    return Check("must be true or false", lambda v: isinstance(v, bool), bad=("no", "false", 1))
+
+
+def one_of(*choices: str, why: str = "") -> Check:
+    return Check(f"must be {' or '.join(json.dumps(c) for c in choices)}{why}",
+                 lambda v: isinstance(v, str) and v in choices, bad=("other", 1, True))
+
+
+def _ipv4(v: Any, multicast: bool) -> bool:
+    try:
+        a = ipaddress.IPv4Address(v.strip()) if isinstance(v, str) else None
+    except ValueError:
+        return False
+    return a is not None and (a.is_multicast or not multicast)
+
+
+def ipv4_address(multicast: bool = False) -> Check:
+    if multicast:
+        return Check("must be an IPv4 multicast address (224.0.0.0/4; use 239.x.y.z)", lambda v: _ipv4(v, True),
+                     str.strip, bad=("10.0.0.1", "nowhere", 1))
+    return Check("must be an IPv4 address", lambda v: _ipv4(v, False), str.strip, bad=("::1", "nowhere", 1))
+
+
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\s:,\[\]]+):([0-9]{1,5})")
+
+
+def _host_port(v: Any) -> bool:
+    m = _HOST_PORT.fullmatch(v.strip()) if isinstance(v, str) else None
+    return m is not None and 1 <= int(m.group(1)) <= 65535
+
+
+def host_port() -> Check:
+    return Check('must be "HOST:PORT"', _host_port, str.strip, bad=("nohost", "h:0", 7000))
+
+
+def _items(v: Any) -> Any:
+    return v.split(",") if isinstance(v, str) else v
+
+
+def host_ports() -> Check:
+    """A list of ``HOST:PORT`` (or one text of them, comma-separated)."""
+    return Check('must be a list of "HOST:PORT"', lambda v: isinstance(_items(v), list) and all(
+        _host_port(x) for x in _items(v)), lambda v: tuple(x.strip() for x in _items(v)),
+        bad=(["nohost"], "a:1,b", 7000))
+
+
+def _hex_key(text: str) -> bytes:
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError("must be the group key in hex") from None
+    if len(key) < 16:
+        raise ValueError("must have at least 16 bytes (32 hex digits)")
+    return key
+
+
+def hex_key() -> Check:
+    return Check("must be the group key in hex, at least 16 bytes", lambda v: isinstance(v, str), _hex_key,
+                 bad=("zz", "00ff", 1))
+
+
+def path_text() -> Check:
+    return Check("must be the path of a file (relative to the config file)",
+                 lambda v: isinstance(v, str) and bool(v.strip()), str.strip, bad=("", " ", 1))
+
+
+def cpu_list() -> Check:
+    return Check('must be a CPU list like "0-1,3"', lambda v: True, parse_cpus, error=CpuSetError,
+                 bad=("zero", "3-1", "", True))
+
+
+def _limit(lo: int) -> Check:
+    return integer(lo, MAX_TS_CEILING, f"must be an integer from {lo} to {MAX_TS_CEILING} (2**62 - 1)")
+
+
+# ---- the sections ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimeSettings:
+    """``[time]`` (its one setting is :attr:`Config.instant_seconds`)."""
+
+    SECTION: ClassVar[str] = "time"
+    instant_seconds: float = option(1.0, "the length of one instant in seconds; RANGE lengths are converted to "
+                                         "instants", seconds())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``[limits]``: bounds every level group applies to what users send."""
+
+    SECTION: ClassVar[str] = "limits"
+    max_ts: int = option(2**53 - 1, "the largest accepted tuple timestamp; also the longest RANGE window, in "
+                                    "instants", _limit(1))
+    advance_horizon: int = option(3600, "how far past the largest ingested instant a producer may close instants",
+                                  _limit(0))
+    result_retention_rows: int = option(1_000_000, "released rows a master keeps per query for subscribers that "
+                                                   "resume (the oldest go first)", _limit(0))
+    result_retention_results: int = option(10_000, "... and at most this many released results (one per chunk and "
+                                                   "query with rows; each costs ~1-2 kB besides its rows, so a query "
+                                                   "of one row per instant is bounded by this, not by the rows)",
+                                           _limit(1))
+    max_backlog_rows: int = option(4_000_000, "rows of cut chunks not yet computed above which producers' next "
+                                              "batches wait (0: no limit)", _limit(0))
+    max_streams_per_session: int = option(8, "open Subscribe/Ingest streams a master allows per session (one more: "
+                                             "RESOURCE_EXHAUSTED)", _limit(1))
+    max_streams_per_user: int = option(64, "... and per user, across its sessions", _limit(1))
+    checkpoint_rows: int = option(1_000_000, "a master checkpoints its state (and drops the event log before it) "
+                                             "once this many rows were logged since its last checkpoint (0: never; "
+                                             "a restart then replays the whole log)", _limit(0))
+    checkpoint_events: int = option(10_000, "... or this many events (batches, advances, registrations) were",
+                                    _limit(0))
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """``[cluster]``: what every level group of the deployment shares (a level's own
+    ``[groups."L"]`` overrides the multicast defaults)."""
+
+    SECTION: ClassVar[str] = "cluster"
+    load_reading: str | None = option(None, "Algorithm 5's CPU reading, host or process (unset: host for a worker "
+                                            "started on its own, process in an embedded cluster: see reading())",
+                                      one_of("host", "process", why=" (Algorithm 5's CPU reading)"))
+    multicast_port: int = option(47000, "the default UDP port of the level groups' multicast", integer(1, 65535))
+    heartbeat_seconds: float = option(0.5, "the interval of group heartbeats (a master's own dispatch window is "
+                                           "two of them)", seconds())
+    interface: str = option("127.0.0.1", "the default interface heartbeats go out on (loopback: this host only)",
+                            ipv4_address())
+    multicast_ttl: int = option(0, "the default multicast TTL: 0 this host only, 1 across one bridge/switch",
+                                integer(0, 255))
+    dispatch_linger: bool = option(True, "while input arrives faster than a job takes, a master gathers ready "
+                                         "chunks for up to one job's time before sending them (false: at once)",
+                                   boolean())
+
+    def reading(self, embedded: bool = False) -> str:
+        """Algorithm 5's CPU reading of a worker (worker/load.py): ``load_reading``, else ``process``
+        in an embedded cluster (all its workers on one host: the host reading is the same for all of
+        them and reads >= 90 % whenever the cluster works), else ``host``."""
+        return self.load_reading or ("process" if embedded else "host")
+
+
+@dataclass(frozen=True)
+class SharingSettings:
+    """``[sharing]``: query sharing (dissertation §5.3, §6.3; strata/sharing)."""
+
+    SECTION: ClassVar[str] = "sharing"
+    enabled: bool = option(True, "workers evaluate the shared plans of a level's queries once per chunk", boolean())
+    mode: str = option("replicated", "replicated: sharing within a level only (a cluster runs one level per "
+                                     "master); trusted: also across levels", one_of("replicated", "trusted"))
+
+
+def default_group_address(level: str) -> str:
+    """The multicast group of a level whose configuration names none (derived from its name)."""
+    digest = hashlib.sha256(level.encode()).digest()
+    return f"239.255.{digest[0]}.{max(1, digest[1])}"
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """``[groups."L"]``: one level's group (strata/groups), CPUs (strata/cpusets.py), Spark
+    (strata/spark_settings.py: ``spark_master``, ``spark_conf``, ``spark_secret_file`` in
+    :attr:`spark`), masters and Ray cluster.
+
+    In :attr:`Config.groups` the options a table does not set are None; :meth:`Config.group`
+    fills in the defaults (the address derived from the level, ``[cluster]``'s port, interface and
+    TTL)."""
+
+    SECTION: ClassVar[str] = 'groups."L"'
+    level: str = ""
+    address: str | None = option(None, "the level's multicast group (default: derived from the level's name)",
+                                 ipv4_address(multicast=True))
+    port: int | None = option(None, "its UDP port (default [cluster] multicast_port)", integer(1, 65535))
+    interface: str | None = option(None, "the interface facing the level's network (default [cluster] interface)",
+                                   ipv4_address())
+    ttl: int | None = option(None, "its multicast TTL (default [cluster] multicast_ttl)", integer(0, 255))
+    key_file: str | None = option(None, "the file of the level's group key (hex, >= 16 bytes), as written: relative "
+                                        "to the config file (default: strata up makes one in its state directory)",
+                                  path_text())
+    key: bytes | None = option(None, "the level's group key itself, in hex (prefer key_file)", hex_key())
+    cpus: frozenset[int] | None = option(None, "the level's CPUs in Linux's cpuset syntax; disjoint from every other "
+                                               "level's (default: not pinned)", cpu_list())
+    masters: tuple[str, ...] = option((), "the level's active and standby masters, HOST:PORT (clients try each)",
+                                      host_ports())
+    ray_address: str | None = option(None, "HOST:PORT of the level's running Ray cluster strata scale joins",
+                                     host_port())
+    ray_port: int | None = option(None, "the base port of the level's Ray cluster (default 46000 + 100 x the "
+                                        "level's position in the lattice)", integer(1, 65535))
+    #: ``spark_master``, ``spark_conf``, ``spark_secret_file`` (declared and parsed in strata/spark_settings.py)
+    spark: SparkSettings | None = None
+    #: ``spark_secret_file`` as the file writes it (relative to the config file; :attr:`spark` has it absolute)
+    spark_secret_file: str | None = None
+
+    def __post_init__(self):
+        if self.spark is None:
+            object.__setattr__(self, "spark", SparkSettings(level=self.level))
+
+    def key_path(self, config_path: Path | None) -> Path | None:
+        """``key_file`` relative to the directory of the config file at ``config_path``."""
+        if self.key_file is None:
+            return None
+        kf = Path(self.key_file)
+        return config_path.parent / kf if not kf.is_absolute() and config_path is not None else kf
+
+
+#: every section's dataclass, by the TOML table it reads
+SECTIONS = {c.SECTION: c for c in (TimeSettings, Limits, ClusterSettings, SharingSettings, GroupSettings)}
+
+#: what a chunk's length must be; :func:`chunk_instants` checks it against the configuration's instant
+CHUNK_RULE = "must be a positive whole multiple of [time] instant_seconds (a chunk is 1, 2, 3, ... instants)"
+#: the length of the chunks a master cuts, in seconds: ``--chunk-seconds`` of ``strata master``, ``up`` and
+#: ``replay`` (strata/cli_support.py), ``[deployment] chunk_seconds`` of an inventory (None: one instant)
+CHUNK_SECONDS = Option("", "chunk_seconds", None, "the length of the chunks a master cuts and dispatches, in "
+                       "seconds: a whole multiple of [time] instant_seconds (default: one instant)", seconds(CHUNK_RULE))
+#: every declared setting
+OPTIONS: tuple[Option, ...] = tuple(o for c in SECTIONS.values() for o in options_of(c)) + (CHUNK_SECONDS,)
+
+
+def chunk_instants(chunk_seconds: float | None, instant_seconds: float) -> int:
+    """The instants of a chunk of ``chunk_seconds`` (None: one).  Raises ValueError (one line:
+    :data:`CHUNK_RULE`) unless it is a positive whole multiple of ``instant_seconds``: never rounded
+    or clamped to one."""
+    if chunk_seconds is None:
+        return 1
+    length = CHUNK_SECONDS.check.parse(chunk_seconds)
+    k = round(length / instant_seconds)
+    if k < 1 or not math.isclose(k * instant_seconds, length, rel_tol=1e-9):
+        raise ValueError(f"{CHUNK_RULE}; instant_seconds is {instant_seconds:g} here")
+    return k
+
+
+# ---- streams -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StreamSchema:
     name: str
@@ -132,39 +454,20 @@ def stream_of(name: str, columns, known=(), relation: bool = False) -> StreamSch
     return StreamSchema(name, tuple(out), relation)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """``[limits]``: bounds every level group applies to what users send."""
-
-    #: largest accepted tuple timestamp; also the longest RANGE window, in instants
-    max_ts: int = 2**53 - 1
-    #: how far past the largest ingested instant a producer may close instants
-    advance_horizon: int = 3600
-    #: released rows a master keeps per query for subscribers that resume (the oldest go first)
-    result_retention_rows: int = 1_000_000
-    #: ... and at most this many released results (one per chunk and query with rows; each costs ~1-2 kB
-    #: besides its rows, so a query of one row per instant is bounded by this, not by the rows)
-    result_retention_results: int = 10_000
-    #: rows of cut chunks not yet computed above which producers' next batches wait (0: no limit)
-    max_backlog_rows: int = 4_000_000
-    #: open Subscribe/Ingest streams a master allows per session and per user (one more: RESOURCE_EXHAUSTED)
-    max_streams_per_session: int = 8
-    max_streams_per_user: int = 64
-    #: a master checkpoints its state (and drops the event log before it) once this many rows were
-    #: logged since its last checkpoint (0: never; a restart then replays the whole log)
-    checkpoint_rows: int = 1_000_000
-    #: ... or this many events (batches, advances, registrations) were
-    checkpoint_events: int = 10_000
-
-
+# ---- the configuration -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Config:
     lattice: Lattice
     streams: dict[str, StreamSchema]
-    instant_seconds: float = 1.0
+    #: ``[time] instant_seconds`` (declared in :class:`TimeSettings`)
+    instant_seconds: float = TimeSettings.instant_seconds
     path: Path | None = None
-    sections: dict[str, Any] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    sharing: SharingSettings = field(default_factory=SharingSettings)
+    #: the file's ``[groups."L"]`` tables by canonical level, as they are written (options they do not
+    #: set are None); :meth:`group` fills in the defaults
+    groups: dict[str, GroupSettings] = field(default_factory=dict)
 
     def stream(self, name: str) -> StreamSchema | None:
         """Case-insensitive stream lookup (CQL keywords and names are case-insensitive)."""
@@ -174,10 +477,25 @@ class Config:
         return folded.get(name.lower())
 
     @property
+    def time(self) -> TimeSettings:
+        return TimeSettings(self.instant_seconds)
+
+    def group(self, level: str) -> GroupSettings:
+        """The settings of ``level``'s group with every default filled in: the multicast address
+        derived from the level's name, the port, interface and TTL of ``[cluster]``.  Raises
+        ValueError (a LevelError) for a level the lattice does not have."""
+        lv = self.lattice.parse(level)
+        g = self.groups.get(lv) or GroupSettings(level=lv)
+        c = self.cluster
+        return replace(g, address=g.address or default_group_address(lv), port=g.port or c.multicast_port,
+                       interface=g.interface or c.interface, ttl=c.multicast_ttl if g.ttl is None else g.ttl)
+
+    @property
     def users_path(self) -> Path:
         if self.path is None:
             raise ConfigError("this configuration was not loaded from a file; it has no users file")
         return self.path.with_name(self.path.stem + ".users.json")
+
 
 
 def with_streams(config: Config, schemas) -> Config:
@@ -203,34 +521,79 @@ def parse_config(text: str, path: Path | None = None) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: invalid TOML: {e}") from None
 
-    def err(section: str, key: str | None, msg: str) -> ConfigError:
+    def err(section: str, key: str | None, msg: str, cls: type = ConfigError) -> ConfigError:
         line = _line_of(text, section, key)
         loc = f"[{_short(section)}]" + (f" {_short(key)}" if key else "")
-        return ConfigError(f"{where}{f':{line}' if line else ''}: {loc}: {msg}")
+        return cls(f"{where}{f':{line}' if line else ''}: {loc}: {msg}")
 
     for sec in data:
         if sec not in KNOWN_SECTIONS:
-            return_err = ConfigError(
-                f"{where}:{_line_of(text, sec, None) or '?'}: unknown section [{sec}] "
-                f"(known: {', '.join(KNOWN_SECTIONS)})"
-            )
-            raise return_err
+            raise ConfigError(f"{where}:{_line_of(text, sec, None) or '?'}: unknown section [{sec}] "
+                              f"(known: {', '.join(KNOWN_SECTIONS)})")
 
-    sharing = data.get("sharing", {})
-    if not isinstance(sharing, dict):
-        raise err("sharing", None, "must be a table")
-    for k, v in sharing.items():
-        if k == "enabled" and not isinstance(v, bool):
-            raise err("sharing", k, "must be true or false")
-        if k == "mode" and v not in ("replicated", "trusted"):
-            raise err("sharing", k, "must be \"replicated\" or \"trusted\"")
-        if k not in ("enabled", "mode"):
-            raise err("sharing", k, "unknown key (expected 'enabled' or 'mode')")
+    sharing = _read(SharingSettings, data.get("sharing", {}), err)
+    cluster = _read(ClusterSettings, data.get("cluster", {}), err)
+    lattice = _lattice(data, where, err)
+    instant = _read(TimeSettings, data.get("time", {}), err).instant_seconds
 
-    cluster = data.get("cluster", {})
-    if isinstance(cluster, dict) and "load_reading" in cluster and cluster["load_reading"] not in ("host", "process"):
-        raise err("cluster", "load_reading", "must be \"host\" or \"process\" (Algorithm 5's CPU reading)")
+    streams: dict[str, StreamSchema] = {}
+    for section, relation in (("streams", False), ("relations", True)):  # one namespace for both
+        raw = data.get(section, {})
+        if not isinstance(raw, dict):
+            raise err(section, None, f"must be a table of [{section}.NAME] tables")
+        for sname, cols in raw.items():
+            sec = f"{section}.{sname}"
+            if not isinstance(cols, dict) or not cols:
+                if is_identifier(sname):
+                    raise err(sec, None, f"declare at least one attribute, e.g. {_EXAMPLE_ATTRIBUTE[relation]}")
+                cols = {}
+            try:
+                streams[sname] = stream_of(sname, list(cols.items()), streams, relation=relation)
+            except StreamError as e:
+                raise err(sec, e.key, str(e)) from None
 
+    limits = _read(Limits, data.get("limits", {}), err)
+    groups, spelt = _groups(data.get("groups", {}), lattice, path, text, err)
+    cfg = Config(lattice=lattice, streams=streams, instant_seconds=instant, path=path, limits=limits,
+                 cluster=cluster, sharing=sharing, groups=groups)
+    # across levels: the CPU sets are disjoint (their existence is checked when a process pins itself,
+    # strata/cpusets.py), and no Spark cluster or secret serves two levels
+    problem = disjoint_problem({lv: g.cpus for lv, g in groups.items() if g.cpus is not None})
+    if problem:
+        level, msg = problem
+        raise err(spelt[level], "cpus", msg, CpuSetError)
+    check_spark_settings(cfg, lambda level, key, msg: err(spelt[level], key, msg))
+    return cfg
+
+
+def _read(cls, raw: Any, err, section: str | None = None, unknown: Callable[[str], str] | None = None,
+          skip: tuple[str, ...] = (), **fixed):
+    """The section dataclass ``cls`` of the TOML table ``raw``: each key one of its options (else
+    ``unknown(key)``, or a list of them), each value passing its check; ``skip``: keys read elsewhere."""
+    section = section or cls.SECTION
+    if not isinstance(raw, dict):
+        raise err(section, None, "must be a table")
+    opts = {o.name: o for o in options_of(cls)}
+    values = {}
+    for k, v in raw.items():
+        if k in skip:
+            continue
+        o = opts.get(k)
+        if o is None:
+            raise err(section, k, unknown(k) if unknown else f"unknown key (expected {_expected(opts)})")
+        try:
+            values[k] = o.check.parse(v)
+        except ValueError as e:
+            raise err(section, k, str(e), o.check.error) from None
+    return cls(**fixed, **values)
+
+
+def _expected(names) -> str:
+    names = list(names)
+    return names[0] if len(names) == 1 else "one of " + ", ".join(names)
+
+
+def _lattice(data: dict, where: str, err) -> Lattice:
     lat = data.get("lattice")
     if not isinstance(lat, dict):
         raise ConfigError(f"{where}: missing [lattice] section (levels = [...], classifications = [...] or "
@@ -249,75 +612,62 @@ def parse_config(text: str, path: Path | None = None) -> Config:
         if "levels" in lat:
             if not isinstance(lat["levels"], list) or not all(isinstance(x, str) for x in lat["levels"]):
                 raise ValueError("must be a list of level names, lowest first")
-            lattice: Lattice = TotalOrder(lat["levels"])
-        elif "classifications" in lat:
+            return TotalOrder(lat["levels"])
+        if "classifications" in lat:
             cls, cats = lat["classifications"], lat.get("categories", [])
             if not isinstance(cls, list) or not all(isinstance(x, str) for x in cls):
                 raise ValueError("must be a list of classification names, lowest first")
             if not isinstance(cats, list) or not all(isinstance(x, str) for x in cats):
                 key = "categories"
                 raise ValueError("must be a list of category names")
-            lattice = Categories(cls, cats)
-        else:
-            coi = lat["coi"]
-            if not isinstance(coi, list) or not all(isinstance(c, list) for c in coi):
-                raise ValueError("must be a list of lists of company names")
-            lattice = ChineseWall(coi)
+            return Categories(cls, cats)
+        coi = lat["coi"]
+        if not isinstance(coi, list) or not all(isinstance(c, list) for c in coi):
+            raise ValueError("must be a list of lists of company names")
+        return ChineseWall(coi)
     except ValueError as e:
         raise err("lattice", key, str(e)) from None
 
-    time = data.get("time", {})
-    if not isinstance(time, dict):
-        raise err("time", None, "must be a table")
-    if set(time) - {"instant_seconds"}:
-        raise err("time", sorted(set(time) - {"instant_seconds"})[0], "unknown key (expected instant_seconds)")
-    instant = time.get("instant_seconds", 1)
-    if isinstance(instant, bool) or not isinstance(instant, (int, float)) or instant <= 0:
-        raise err("time", "instant_seconds", "must be a positive number of seconds")
 
-    streams: dict[str, StreamSchema] = {}
-    for section, relation in (("streams", False), ("relations", True)):  # one namespace for both
-        raw = data.get(section, {})
-        if not isinstance(raw, dict):
-            raise err(section, None, f"must be a table of [{section}.NAME] tables")
-        for sname, cols in raw.items():
-            sec = f"{section}.{sname}"
-            if not isinstance(cols, dict) or not cols:
-                if is_identifier(sname):
-                    raise err(sec, None, f"declare at least one attribute, e.g. {_EXAMPLE_ATTRIBUTE[relation]}")
-                cols = {}
-            try:
-                streams[sname] = stream_of(sname, list(cols.items()), streams, relation=relation)
-            except StreamError as e:
-                raise err(sec, e.key, str(e)) from None
-
-    limits = _limits(data.get("limits", {}), err)
-    rest = {k: v for k, v in data.items() if k not in ("lattice", "time", "streams", "relations", "limits")}
-    cfg = Config(lattice=lattice, streams=streams, instant_seconds=float(instant), path=path, sections=rest,
-                 limits=limits)
-    from .cpusets import check_disjoint  # [groups."L"] cpus: disjoint per level (existence is checked when pinning)
-
-    check_disjoint(cfg, check_exist=False)
-    from .spark_settings import check_spark_settings  # [groups."L"] spark_*: one Spark cluster per level
-
-    check_spark_settings(cfg, err, text)
-    return cfg
-
-
-_LIMIT_MIN = {"max_ts": 1, "advance_horizon": 0, "result_retention_rows": 0, "result_retention_results": 1,
-              "max_backlog_rows": 0, "max_streams_per_session": 1, "max_streams_per_user": 1,
-              "checkpoint_rows": 0, "checkpoint_events": 0}
-
-
-def _limits(raw: Any, err) -> Limits:
+def _groups(raw: Any, lattice: Lattice, path: Path | None, text: str, err) -> tuple[dict, dict]:
+    """The ``[groups."L"]`` tables: (level → :class:`GroupSettings`, level → its section as spelt)."""
     if not isinstance(raw, dict):
-        raise err("limits", None, "must be a table")
-    for k, v in raw.items():
-        if k not in _LIMIT_MIN:
-            raise err("limits", k, f"unknown key (expected one of {', '.join(_LIMIT_MIN)})")
-        if isinstance(v, bool) or not isinstance(v, int) or not _LIMIT_MIN[k] <= v <= MAX_TS_CEILING:
-            raise err("limits", k, f"must be an integer from {_LIMIT_MIN[k]} to {MAX_TS_CEILING} (2**62 - 1)")
-    return Limits(**raw)
+        raise err("groups", None, 'must be a table of per-level tables, [groups."L"]')
+    base = path.resolve().parent if path is not None else None
+    keys = [o.name for o in options_of(GroupSettings)] + list(SPARK_KEYS)
+
+    def unknown(k: str) -> str:
+        if k.startswith("spark"):
+            return f"unknown key (the Spark keys of a level: {', '.join(SPARK_KEYS)})"
+        return f"unknown key (expected {_expected(keys)})"
+
+    groups: dict[str, GroupSettings] = {}
+    spelt: dict[str, str] = {}
+    for name, table in raw.items():
+        section = _group_section(name, text)
+        if not isinstance(table, dict):
+            raise err(section, None, "must be a table (address, port, cpus, spark_master, masters, ...)")
+        try:
+            level = lattice.parse(name)
+        except ValueError as e:
+            raise err(section, None, str(e)) from None
+        if level in groups:
+            raise err(section, None, f"level {level} already has its table, [{spelt[level]}]")
+        spark_keys = {k: v for k, v in table.items() if k in SPARK_KEYS}
+        spark = parse_spark(level, spark_keys, base, lambda k, m, s=section: err(s, k, m))
+        secret = spark_keys["spark_secret_file"].strip() if "spark_secret_file" in spark_keys else None
+        groups[level] = _read(GroupSettings, table, err, section=section, unknown=unknown, skip=SPARK_KEYS,
+                              level=level, spark=spark, spark_secret_file=secret)
+        spelt[level] = section
+    return groups, spelt
+
+
+def _group_section(name: str, text: str) -> str:
+    """How ``[groups."name"]`` is spelt in the file (so that an error finds its line)."""
+    if not re.search(r"^\s*\[\s*groups\s*\.\s*\"" + re.escape(name) + r"\"\s*\]", text, re.M) \
+            and re.search(r"^\s*\[\s*groups\s*\.\s*" + re.escape(name) + r"\s*\]", text, re.M):
+        return f"groups.{name}"
+    return f'groups."{name}"'
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -345,14 +695,3 @@ def _line_of(text: str, section: str, key: str | None) -> int | None:
         if keyre.match(lines[j]):
             return j + 1
     return start + 1
-
-
-def config_of(args):
-    """The configuration named by a command's ``--config``; a bad one ends the command with its
-    one-line reason (exit 1)."""
-    from .errors import CliError
-
-    try:
-        return load_config(args.config)
-    except ConfigError as e:
-        raise CliError(str(e)) from None

@@ -31,15 +31,22 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol
 
 from strata.errors import CliError, ConfigError
 
-if TYPE_CHECKING:  # only for annotations: strata.config imports this module to check [groups] cpus
-    from strata.config import Config
-
 __all__ = ["CpuSetError", "parse_cpus", "format_cpus", "available_cpus", "level_cpus", "all_level_cpus",
-           "check_disjoint", "pin_current_process", "thread_affinities", "host_cpu_percent"]
+           "check_disjoint", "disjoint_problem", "pin_current_process", "thread_affinities", "host_cpu_percent"]
+
+
+class LevelGroups(Protocol):
+    """What this module reads of a configuration (a :class:`strata.config.Config`, whose parser
+    calls :func:`parse_cpus` and :func:`disjoint_problem`; this module does not import it): each
+    level's ``[groups."L"]`` settings, their ``cpus`` parsed and the sets checked disjoint."""
+
+    lattice: Any
+    groups: Mapping[str, Any]
+
 
 _ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 MAX_CPU = 4095
@@ -54,26 +61,27 @@ class CpuSetError(ConfigError, CliError):
 
 
 def parse_cpus(text) -> frozenset[int]:
-    """``"0-1,3"`` → ``{0, 1, 3}``; also accepts an int or a list of ints/strings."""
+    """``"0-1,3"`` → ``{0, 1, 3}``; also accepts an int or a list of ints/strings.  Raises
+    :class:`CpuSetError` (the reason; the caller says which setting it is about)."""
     if isinstance(text, bool):
-        raise CpuSetError(f"cpus: expected a CPU list like \"0-1,3\", got {text!r}")
+        raise CpuSetError(f"expected a CPU list like \"0-1,3\", got {text!r}")
     if isinstance(text, int):
         text = str(text)
     if isinstance(text, (list, tuple)):
         text = ",".join(str(x) for x in text)
     if not isinstance(text, str) or not text.strip():
-        raise CpuSetError(f"cpus: expected a non-empty CPU list like \"0-1,3\", got {text!r}")
+        raise CpuSetError(f"expected a non-empty CPU list like \"0-1,3\", got {text!r}")
     out: set[int] = set()
     for part in text.split(","):
         m = _ITEM.match(part)
         if not m:
-            raise CpuSetError(f"cpus: bad item {part.strip()!r} in {text!r} (expected N or N-M, comma-separated)")
+            raise CpuSetError(f"bad item {part.strip()!r} in {text!r} (expected N or N-M, comma-separated)")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
-            raise CpuSetError(f"cpus: bad range {part.strip()!r} in {text!r} (end before start)")
+            raise CpuSetError(f"bad range {part.strip()!r} in {text!r} (end before start)")
         if hi > MAX_CPU:
-            raise CpuSetError(f"cpus: CPU {hi} out of range in {text!r}")
+            raise CpuSetError(f"CPU {hi} out of range in {text!r}")
         out.update(range(lo, hi + 1))
     return frozenset(out)
 
@@ -122,58 +130,43 @@ def host_cpu_percent() -> float:
     return float(sum(mine) / len(mine)) if mine else float(psutil.cpu_percent(interval=None))
 
 
-def _groups(config: Config) -> dict[str, dict]:
-    """``[groups."L"]`` tables by canonical level."""
-    groups = config.sections.get("groups", {}) or {}
-    if not isinstance(groups, dict):
-        raise CpuSetError("[groups] must be a table of per-level tables")
-    out = {}
-    for name, table in groups.items():
-        if not isinstance(table, dict):
-            continue
-        try:
-            level = config.lattice.parse(name)
-        except ValueError as e:
-            raise CpuSetError(f"[groups.\"{name}\"]: {e}") from None
-        out[level] = table
-    return out
-
-
-def all_level_cpus(config: Config, check_exist: bool = True) -> dict[str, frozenset[int]]:
-    """Every level's CPU set from the configuration (levels without ``cpus`` are left out)."""
-    out = {}
-    avail = available_cpus() if check_exist else None
-    for level, table in _groups(config).items():
-        if "cpus" not in table:
-            continue
-        try:
-            cpus = parse_cpus(table["cpus"])
-        except CpuSetError as e:
-            raise CpuSetError(f"[groups.\"{level}\"] {e}") from None
-        if avail is not None and not cpus <= avail:
-            missing = format_cpus(cpus - avail)
-            raise CpuSetError(f"[groups.\"{level}\"] cpus = {table['cpus']!r}: CPU {missing} not available on this "
-                              f"host (available: {format_cpus(avail)})")
-        out[level] = cpus
-    return out
-
-
-def check_disjoint(config: Config, check_exist: bool = True) -> dict[str, frozenset[int]]:
-    """Validate every level's ``cpus``; the sets of different levels must not overlap."""
-    sets = all_level_cpus(config, check_exist)
+def disjoint_problem(sets: Mapping[str, frozenset[int]]) -> tuple[str, str] | None:
+    """Why the CPU sets of different levels (level → set) are not disjoint: (the level to blame, the
+    reason); None when they are."""
     levels = sorted(sets)
     for i, a in enumerate(levels):
         for b in levels[i + 1:]:
             common = sets[a] & sets[b]
             if common:
-                raise CpuSetError(f"[groups] levels {a} and {b} share CPU {format_cpus(common)} "
-                                  f"(cpus {format_cpus(sets[a])!r} and {format_cpus(sets[b])!r}); the CPU sets of "
-                                  f"different levels must be disjoint")
+                return b, (f"levels {a} and {b} share CPU {format_cpus(common)} (cpus {format_cpus(sets[a])!r} and "
+                           f"{format_cpus(sets[b])!r}); the CPU sets of different levels must be disjoint")
+    return None
+
+
+def all_level_cpus(config: LevelGroups, check_exist: bool = True) -> dict[str, frozenset[int]]:
+    """Every level's CPU set from the configuration (levels without ``cpus`` are left out); with
+    ``check_exist`` every CPU must be one of this host's."""
+    out = {lv: g.cpus for lv, g in config.groups.items() if g.cpus is not None}
+    avail = available_cpus() if check_exist else None
+    for level, cpus in out.items():
+        if avail is not None and not cpus <= avail:
+            raise CpuSetError(f"[groups.\"{level}\"] cpus = {format_cpus(cpus)!r}: CPU {format_cpus(cpus - avail)} not "
+                              f"available on this host (available: {format_cpus(avail)})")
+    return out
+
+
+def check_disjoint(config: LevelGroups, check_exist: bool = True) -> dict[str, frozenset[int]]:
+    """Every level's ``cpus`` (checked disjoint when the configuration was loaded; with ``check_exist``
+    here that every CPU is one of this host's)."""
+    sets = all_level_cpus(config, check_exist)
+    problem = disjoint_problem(sets)
+    if problem:  # a configuration put together without strata.config.parse_config
+        raise CpuSetError(f"[groups] {problem[1]}")
     return sets
 
 
-def level_cpus(config: Config, level: str, check: bool = True) -> frozenset[int] | None:
-    """The CPU set of ``level`` (None: not pinned); with ``check`` the whole configuration is validated."""
+def level_cpus(config: LevelGroups, level: str, check: bool = True) -> frozenset[int] | None:
+    """The CPU set of ``level`` (None: not pinned); with ``check`` every level's CPUs must exist here."""
     level = config.lattice.parse(level)
     sets = check_disjoint(config) if check else all_level_cpus(config, check_exist=False)
     return sets.get(level)
@@ -191,7 +184,7 @@ def thread_affinities(pid: int | str = "self") -> dict[int, frozenset[int]]:
     return out
 
 
-def pin_current_process(level: str, config: Config) -> frozenset[int] | None:
+def pin_current_process(level: str, config: LevelGroups) -> frozenset[int] | None:
     """Pin this process (all its threads, and so every child it starts) to ``level``'s CPUs.
 
     Returns the set, or None when the level has no ``cpus``.  Raises

@@ -8,7 +8,7 @@ imports the CLI): an error that should end a command carries its exit code, and
 from __future__ import annotations
 
 __all__ = ["StrataError", "CliError", "ConfigError", "EXIT_OK", "EXIT_ERROR", "EXIT_REJECTED", "EXIT_LOGIN", "EXIT_FAILED",
-           "EXIT_DENIED"]
+           "EXIT_DENIED", "one_line", "ONE_LINE_LIMIT"]
 
 #: success
 EXIT_OK = 0
@@ -38,3 +38,23 @@ class CliError(StrataError):
 
 class ConfigError(ValueError):
     """A configuration (file, section, key or value) Strata cannot use; the message names where."""
+
+
+#: the longest error text :func:`one_line` returns (the ellipsis included)
+ONE_LINE_LIMIT = 300
+
+
+def one_line(text, limit: int = ONE_LINE_LIMIT) -> str:
+    """An error text as the one line a user is shown, whichever side (CLI, master, worker) formats it.
+
+    Every run of whitespace, newlines included, becomes one space (so a multi-line error, a Spark
+    message with its plan, say, keeps its later lines' content on the one line) and the ends are
+    stripped; a text longer than ``limit`` characters keeps its first ``limit - 3`` and ends in
+    ``...``.  ``None`` is the empty text; an exception whose message is empty is named by its type.
+    """
+    if text is None:
+        return ""
+    line = " ".join(str(text).split())
+    if not line and isinstance(text, BaseException):
+        line = type(text).__name__
+    return line if len(line) <= limit else line[: max(0, limit - 3)] + "..."

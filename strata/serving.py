@@ -11,14 +11,17 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from concurrent import futures
+from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 import grpc
 
 from .errors import CliError
+from .groups import group_spec
 from .logs import capture_output, flush_output
+from .tls import has_material
 
 __all__ = ["build_server", "run_until_stopped", "exit_now", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
            "ready_writer", "server_tls", "add_process_options", "pid_alive", "start_logging"]
@@ -102,14 +105,13 @@ def free_udp_port() -> int:
     return port
 
 
-def group_spec_of(args, cfg, create_key: bool = False):
-    from .groups import group_spec
-
-    spec = group_spec(cfg, args.level, Path(args.state_dir) if args.state_dir else None, create_key=create_key)
-    if getattr(args, "multicast_port", None):
-        from dataclasses import replace
-
-        spec = replace(spec, port=int(args.multicast_port))
+def group_spec_of(config, level: str, state_dir: str | Path | None = None, multicast_port: int | None = None,
+                  create_key: bool = False):
+    """The group a process of ``level`` joins (:func:`strata.groups.group_spec`), on ``multicast_port``
+    when one is given (``--multicast-port``: an embedded cluster's own port)."""
+    spec = group_spec(config, level, Path(state_dir) if state_dir else None, create_key=create_key)
+    if multicast_port:
+        spec = replace(spec, port=int(multicast_port))
     return spec
 
 
@@ -124,27 +126,26 @@ def ready_writer(path: str | None, role: str):
     return ready
 
 
-def server_tls(args, cfg, role: str):
-    """The TLS directory a master/worker serves with, or None with --insecure."""
-    from .tls import has_material
-
-    if args.insecure:
+def server_tls(level: str, role: str, tls_dir: str | Path | None = None, state_dir: str | Path | None = None,
+               insecure: bool = False) -> Path | None:
+    """The TLS directory a master/worker of ``level`` (canonical) serves with: ``tls_dir``, else
+    ``state_dir``/tls; None when ``insecure``.  Without its certificate there: one line (exit 1)."""
+    if insecure:
         progress(f"WARNING: {role} runs without TLS (--insecure); only the group key protects it")
         return None
-    level = cfg.lattice.parse(args.level)
-    tls_dir = Path(args.tls_dir) if args.tls_dir else (Path(args.state_dir) / "tls" if args.state_dir else None)
-    if tls_dir is None or not has_material(tls_dir, role, level):
-        where = tls_dir or "--tls-dir"
+    path = Path(tls_dir) if tls_dir else (Path(state_dir) / "tls" if state_dir else None)
+    if path is None or not has_material(path, role, level):
+        where = path or "--tls-dir"
         raise CliError(f"no TLS certificate for the {role} of level {level} in {where}: create one with "
                        f"`strata certs --config ... --levels {level} --out DIR` and pass --tls-dir DIR "
                        f"(or --insecure for a development cluster)")
-    return tls_dir
+    return path
 
 
-def start_logging(args) -> None:
+def start_logging(log_file: str | None) -> None:
     """A process's ``--log-file``: its output (and its children's) from now on into that file, rotated."""
-    if getattr(args, "log_file", None):
-        capture_output(args.log_file)
+    if log_file:
+        capture_output(log_file)
 
 
 def add_process_options(p, level=True) -> None:

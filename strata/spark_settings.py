@@ -18,10 +18,12 @@ non-local master needs ``spark_secret_file``, and the keys Strata owns (``spark.
 is never shared with another level: two levels may not name the same cluster, the same
 secret file, or (when both files can be read at load) the same secret.
 
-:func:`check_spark_settings` validates every level when the configuration is loaded
-(``strata.config.parse_config``), with one-line errors naming file, line and key; the
-secret itself is read only by a worker that starts (:meth:`SparkSettings.read_secret`),
-and at load only to compare two levels' secrets.
+The configuration's parser (``strata.config.parse_config``) reads each level's keys with
+:func:`parse_spark` into the level's :class:`SparkSettings` (``config.group(level).spark``) and
+checks them across levels with :func:`check_spark_settings`, with one-line errors naming file,
+line and key; the secret itself is read only by a worker that starts
+(:meth:`SparkSettings.read_secret`), and at load only to compare two levels' secrets.  This module
+does not import the configuration's.
 """
 
 from __future__ import annotations
@@ -31,21 +33,18 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from .errors import ConfigError
 
-if TYPE_CHECKING:  # only for annotations: strata.config calls check_spark_settings while it loads
-    from .config import Config
-
-__all__ = ["SparkSettings", "spark_settings", "check_spark_settings", "master_problem", "is_local_master",
-           "read_secret", "DEFAULT_MASTER", "OWNED_KEYS", "GROUP_KEYS", "MASTER_ENV"]
+__all__ = ["SparkSettings", "spark_settings", "parse_spark", "check_spark_settings", "master_problem",
+           "is_local_master", "read_secret", "DEFAULT_MASTER", "OWNED_KEYS", "GROUP_KEYS", "MASTER_ENV"]
 
 #: a level without ``spark_master`` (and no ``STRATA_SPARK_MASTER``): one local core per worker
 DEFAULT_MASTER = "local[1]"
 #: the environment variable naming the master of a level whose configuration names none
 MASTER_ENV = "STRATA_SPARK_MASTER"
-#: the keys of a ``[groups."L"]`` table this module reads
+#: the keys of a ``[groups."L"]`` table this module reads (:func:`parse_spark`)
 GROUP_KEYS = ("spark_master", "spark_conf", "spark_secret_file")
 #: Spark settings Strata sets itself (``spark.authenticate`` also stands for every ``spark.authenticate.*``)
 OWNED_KEYS = ("spark.master", "spark.app.name", "spark.authenticate", "spark.network.crypto.enabled",
@@ -173,11 +172,10 @@ def _why_owned(key: str) -> str:
     return "Spark's authentication and encryption are always on for a cluster (and the secret is spark_secret_file)"
 
 
-def _parse_group(level: str, table: Mapping, base: Path | None, fail: Callable[[str, str], Exception]) -> SparkSettings:
-    """The settings of one ``[groups."L"]`` table; ``fail(key, message)`` makes the error to raise."""
-    for k in table:
-        if isinstance(k, str) and k.startswith("spark") and k not in GROUP_KEYS:
-            raise fail(k, f"unknown key (the Spark keys of a level: {', '.join(GROUP_KEYS)})")
+def parse_spark(level: str, table: Mapping, base: Path | None, fail: Callable[[str, str], Exception]) -> SparkSettings:
+    """The settings of ``level`` from the Spark keys (:data:`GROUP_KEYS`) of its ``[groups."L"]``
+    table; ``base``: the config file's directory (a relative ``spark_secret_file`` is relative to
+    it); ``fail(key, message)`` makes the error to raise."""
     master, source = DEFAULT_MASTER, "default"
     if "spark_master" in table:
         problem = master_problem(table["spark_master"])
@@ -217,68 +215,48 @@ def _parse_group(level: str, table: Mapping, base: Path | None, fail: Callable[[
     return SparkSettings(level=level, master=master, conf=conf, secret_file=secret_file, source=source)
 
 
-def _section_of(name: str, text: str | None) -> str:
-    """How ``[groups."name"]`` is spelt in the file (so that an error finds its line)."""
-    if text is not None and not re.search(r"^\s*\[\s*groups\s*\.\s*\"" + re.escape(name) + r"\"\s*\]", text, re.M) \
-            and re.search(r"^\s*\[\s*groups\s*\.\s*" + re.escape(name) + r"\s*\]", text, re.M):
-        return f"groups.{name}"
-    return f'groups."{name}"'
+class LevelGroups(Protocol):
+    """What this module reads of a configuration (a :class:`strata.config.Config`, whose parser calls
+    :func:`parse_spark` and :func:`check_spark_settings`): each level's ``[groups."L"]`` settings,
+    their Spark keys parsed into ``spark``, and ``group(level)``."""
+
+    lattice: Any
+    path: Path | None
+    groups: Mapping[str, Any]
+
+    def group(self, level: str) -> Any: ...
 
 
-def _tables(config: Config) -> list[tuple[str, str, Mapping]]:
-    """(name as written, canonical level, table) of every ``[groups."L"]`` table."""
-    groups = config.sections.get("groups", {}) or {}
-    if not isinstance(groups, dict):
-        return []
-    out = []
-    for name, table in groups.items():
-        if not isinstance(table, dict):
-            continue
-        try:
-            level = config.lattice.parse(name)
-        except ValueError:
-            level = name  # the group checks (strata/cpusets.py) name an unknown level
-        out.append((name, level, table))
-    return out
+def check_spark_settings(config: LevelGroups, fail: Callable[[str, str, str], Exception] | None = None
+                         ) -> dict[str, SparkSettings]:
+    """Check the levels' Spark settings across levels (no cluster, secret file or secret serves two
+    levels; a secret file readable by others is refused); returns them by level (the levels with a
+    ``[groups."L"]`` table).
 
-
-def _base(config: Config) -> Path | None:
-    return config.path.resolve().parent if config.path is not None else None
-
-
-def check_spark_settings(config: Config, err: Callable[[str, str | None, str], Exception] | None = None,
-                         text: str | None = None) -> dict[str, SparkSettings]:
-    """Validate every level's Spark settings; returns them by level.
-
-    ``err(section, key, message)``: the configuration loader's error maker (file, line and key in
-    the message); ``text`` the file's text (to find how a section is spelt)."""
+    ``fail(level, key, message)``: the configuration loader's error maker (file, line and key in the
+    message)."""
     where = str(config.path) if config.path is not None else "<config>"
 
-    def make(section: str, key: str | None, msg: str) -> Exception:
-        if err is not None:
-            return err(section, key, msg)
-        return ConfigError(f"{where}: [{section}]" + (f" {key}" if key else "") + f": {msg}")
+    def make(level: str, key: str, msg: str) -> Exception:
+        if fail is not None:
+            return fail(level, key, msg)
+        return ConfigError(f'{where}: [groups."{level}"] {key}: {msg}')
 
-    out: dict[str, SparkSettings] = {}
-    sections: dict[str, str] = {}
-    for name, level, table in _tables(config):
-        section = _section_of(name, text)
-        sections[level] = section
-        out[level] = _parse_group(level, table, _base(config), lambda k, m, s=section: make(s, k, m))
+    out: dict[str, SparkSettings] = {lv: g.spark for lv, g in config.groups.items()}
     clusters: dict[str, str] = {}
     files: dict[str, str] = {}
     for level, s in out.items():
         if not s.is_local:
             other = clusters.setdefault(_cluster_key(s.master), level)
             if other != level:
-                raise make(sections[level], "spark_master",
+                raise make(level, "spark_master",
                            f"{s.master} is also level {other}'s Spark master; a level's Spark cluster is never "
                            f"shared with another level")
         if s.secret_file is not None:
             real = os.path.realpath(s.secret_file)
             other = files.setdefault(real, level)
             if other != level:
-                raise make(sections[level], "spark_secret_file",
+                raise make(level, "spark_secret_file",
                            f"{s.secret_file} is also level {other}'s spark_secret_file; a level's Spark cluster "
                            f"is never shared with another level (one secret per level)")
             try:
@@ -286,7 +264,7 @@ def check_spark_settings(config: Config, err: Callable[[str, str | None, str], E
             except OSError:
                 problem = None  # not here (another host's file): checked when a worker reads it
             if problem:
-                raise make(sections[level], "spark_secret_file", f"{s.secret_file} {problem}")
+                raise make(level, "spark_secret_file", f"{s.secret_file} {problem}")
     with_files = [lv for lv, s in out.items() if s.secret_file is not None]
     if len(with_files) > 1:  # the same secret under two names: still one cluster for two levels
         secrets: dict[str, str] = {}
@@ -297,13 +275,13 @@ def check_spark_settings(config: Config, err: Callable[[str, str | None, str], E
                 continue  # unreadable here: compared where it can be read, refused when a worker reads it
             other = secrets.setdefault(secret, level)
             if other != level:
-                raise make(sections[level], "spark_secret_file",
+                raise make(level, "spark_secret_file",
                            f"{out[level].secret_file} holds the same secret as level {other}'s spark_secret_file; "
                            f"a level's Spark cluster is never shared with another level")
     return out
 
 
-def spark_settings(config: Config, level: str, master: str | None = None,
+def spark_settings(config: LevelGroups, level: str, master: str | None = None,
                    environ: Mapping[str, str] | None = None) -> SparkSettings:
     """The Spark settings of ``level``'s workers.
 
@@ -312,8 +290,8 @@ def spark_settings(config: Config, level: str, master: str | None = None,
     given here must not be another level's configured cluster.  Raises :class:`ConfigError`."""
     level = config.lattice.parse(level)
     environ = os.environ if environ is None else environ
-    settings = check_spark_settings(config)
-    s = settings.get(level) or SparkSettings(level=level)
+    settings = {lv: g.spark for lv, g in config.groups.items()}  # checked when the configuration was loaded
+    s = config.group(level).spark
     if master is not None:
         chosen, source, name = master, "flag", "--spark-master"
     elif s.source == "config":

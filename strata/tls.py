@@ -31,6 +31,7 @@ from pathlib import Path
 
 import grpc
 
+from .groups import level_slug
 from .private import private_dir
 
 __all__ = ["ROLES", "Identity", "TlsError", "create_deployment", "issue", "make_ca", "server_credentials",
@@ -53,8 +54,6 @@ class Identity:
 
 
 def _slug(level: str) -> str:
-    from strata.groups import level_slug
-
     return level_slug(level)
 
 
@@ -239,7 +238,9 @@ class PeerCheck(grpc.ServerInterceptor):
         self.roles = roles
         self.refused = refused if refused is not None else {}
 
-    def _check(self, context) -> None:
+    def refusal(self, context) -> tuple[grpc.StatusCode, str] | None:
+        """(PERMISSION_DENIED, one line) if the caller's certificate is refused (counted), else None.
+        ``context``: a server-side call's context, sync or ``grpc.aio`` (its ``auth_context()``)."""
         who = peer_identity(context)
         if who is None:
             reason, msg = "tls_no_identity", "a Strata component certificate is required"
@@ -248,9 +249,14 @@ class PeerCheck(grpc.ServerInterceptor):
         elif who.level != self.level:
             reason, msg = "tls_wrong_level", f"certificate of level {who.level}; this server is of level {self.level}"
         else:
-            return
+            return None
         self.refused[reason] = self.refused.get(reason, 0) + 1
-        context.abort(grpc.StatusCode.PERMISSION_DENIED, msg)
+        return grpc.StatusCode.PERMISSION_DENIED, msg
+
+    def _check(self, context) -> None:
+        refusal = self.refusal(context)
+        if refusal is not None:
+            context.abort(*refusal)
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)

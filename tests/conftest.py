@@ -1,4 +1,5 @@
-"""Shared fixtures: configs as test data, one SparkSession per test session."""
+"""Shared fixtures: configs as test data, one SparkSession per test session, the Spark engines of the
+differential tests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,23 @@ from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 CHINESE_WALL_TOML = AUDIT_TOML  # the name the tests use
+
+#: a deployment with 64-bit attributes (the example configs have almost none); a test module may name
+#: another one as its own ``LEDGER_TOML``
+LEDGER_TOML = """
+[lattice]
+levels = ["U", "C", "S", "TS"]
+
+[streams.Trades]
+acct = "string"
+qty = "long"
+px = "double"
+at = "timestamp"
+
+[streams.Limits]
+acct = "string"
+cap = "long"
+"""
 
 
 @pytest.fixture(scope="session")
@@ -33,11 +51,55 @@ def spark():
     session.stop()
 
 
-# ---- markers of the elastic scaler's tests (appended; chains any earlier pytest_configure) ----------
-_configure_before_ray = globals().get("pytest_configure")
+@pytest.fixture(scope="module")
+def ledger(request):
+    """The ledger config: the module's ``LEDGER_TOML`` if it has one, else this file's."""
+    return parse_config(getattr(request.module, "LEDGER_TOML", LEDGER_TOML))
+
+
+@pytest.fixture(scope="module")
+def engines(spark, battlefield, chinese_wall, ledger):
+    """Three Spark engines (as many workers) per config, by ``id(config)``: battlefield, chinese_wall, ledger."""
+    from strata.worker.engine import Engine
+
+    return {id(c): [Engine(spark, c) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
+
+
+@pytest.fixture(scope="session")
+def warm_s(tmp_path_factory):
+    """One S cluster of the battlefield config (a master and one Spark worker) for the end-to-end tests
+    that need no cluster of their own: each takes a fresh master on the warm worker
+    (``warm_s.renew(users)``, tests/helpers.py WarmCluster).  A test that kills or restarts a worker,
+    or needs another config, level or worker count, starts its own."""
+    from .helpers import WarmCluster
+
+    cluster = WarmCluster(tmp_path_factory.mktemp("warm-s"), BATTLEFIELD_TOML, "S", 1)
+    yield cluster
+    cluster.stop()
+
+
+# ---- tiers --------------------------------------------------------------------------------------------
+#: markers of the tests the quick tier leaves out: processes of a cluster, namespaces, Ray, the in-process
+#: SparkSession (the differential tests through the engine)
+SLOW_TIERS = ("slow", "netns", "ray", "spark")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the quick tier for the edit-test loop: leave out the tests marked "
+                          + ", ".join(SLOW_TIERS) + " (CI runs everything)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if any(item.get_closest_marker(m) for m in SLOW_TIERS) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_configure(config):
-    if _configure_before_ray is not None:
-        _configure_before_ray(config)
     config.addinivalue_line("markers", "ray: starts a private Ray cluster (the elastic scaler, tests/test_scaler.py)")

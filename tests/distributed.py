@@ -23,9 +23,11 @@ from strata.chunking.model import Chunk, ChunkResult
 from strata.master.local import cut_chunks
 
 from .reference.evaluator import compare_results, evaluate_outcome
+from .strategies import multistream, queries
 from .tables import inputs_of, rows_of
 
-__all__ = ["Output", "run_distributed", "assert_reference", "drawn_run", "check_examples"]
+__all__ = ["Output", "run_distributed", "assert_reference", "assert_outcome", "drawn_run", "draw_case", "released",
+           "executors_of", "check_examples"]
 
 
 @dataclass
@@ -127,15 +129,54 @@ def _assemble(order: list[Chunk], results: dict[int, list[ChunkResult]], ids: li
     return out
 
 
+def released(core, regs) -> dict[str, Output]:
+    """What a :class:`~strata.master.core.MasterCore` released per registered query (every one of them
+    ended): its rows, and where it failed, the failing instant and the reason."""
+    out = {}
+    for r in regs:
+        info = core.queries[r.query_id]
+        assert info.ended, (r.query_id, info.state)
+        out[r.query_id] = Output([row for rel in info.results for row in rows_of(rel.rows)],
+                                 info.revoked_after + 1 if info.state == "failed" else None, info.error)
+    return out
+
+
+def assert_outcome(text: str, config, level: str, streams: dict[str, list[dict]], actual: Output):
+    """One query's distributed outcome on ``streams`` equals the reference evaluation's: the same failing
+    instant, if any (the reasons' wording may differ), and the same rows before it.  Returns the
+    reference's outcome."""
+    expected = evaluate_outcome(text, config, level, streams)
+    assert actual.error_ts == expected.error_ts, (
+        f"{text}: fails at {actual.error_ts} ({actual.error}); "
+        f"the reference fails at {expected.error_ts} ({expected.error})")
+    compare_results(actual.rows, expected.rows)
+    return expected
+
+
 def assert_reference(config, level: str, texts: list[str], streams: dict[str, list[dict]],
                      out: dict[str, Output]) -> None:
-    """Every query's distributed output (``run_distributed`` on ``streams``) equals the reference
-    evaluation: the same failing instant, if any, and the same rows."""
+    """Every query's distributed output (``out["q1"]``... for ``texts`` in order, as ``run_distributed``
+    and :func:`released` name them) equals the reference evaluation (:func:`assert_outcome`)."""
     for i, text in enumerate(texts):
-        expected = evaluate_outcome(text, config, level, streams)
-        actual = out[f"q{i + 1}"]
-        assert actual.error_ts == expected.error_ts, (text, actual.error, expected.error)
-        compare_results(actual.rows, expected.rows)
+        assert_outcome(text, config, level, streams, out[f"q{i + 1}"])
+
+
+def draw_case(data, config, n_queries: int, extremes: float = 0.0, **stream_kw):
+    """A level, ``n_queries`` random queries at it and random streams of ``config`` (``extremes``: the
+    fraction of examples whose 64-bit values lie near the limits; then the queries carry overflow-prone
+    arithmetic too).  ``stream_kw``: more of :func:`~tests.strategies.multistream`'s settings."""
+    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
+    texts = [data.draw(queries(config, level, extremes=extremes > 0), label=f"query{i}") for i in range(n_queries)]
+    streams = data.draw(multistream(config, extremes=extremes, **stream_kw), label="streams")
+    return level, texts, streams
+
+
+def executors_of(engines, config, n: int = 2, sharing: bool | None = None) -> list:
+    """The first ``n`` of the engines fixture's Spark engines for ``config`` as workers' shared executors
+    (``sharing``: on or off; ``None``: as the config says)."""
+    from strata.worker.shared import SharedExecutor
+
+    return [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
 
 
 def drawn_run(data, config, level: str, texts: list[str], streams: dict[str, list[dict]], engines: list,

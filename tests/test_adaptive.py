@@ -33,12 +33,13 @@ from strata.master.core import MasterCore
 from strata.master.dispatch import Dispatcher
 from strata.mlscql import compile_query
 
-from .reference.evaluator import compare_results, evaluate_outcome
-from .strategies import example_settings, multistream, queries
-from .tables import inputs_of, rows_of
+from .distributed import assert_outcome, draw_case, executors_of, released
+from .strategies import example_settings
+from .tables import inputs_of, vitals
 
 EXAMPLES, SETTINGS = example_settings("STRATA_ADAPTIVE_EXAMPLES", 25)
 
+#: this module's ledger config (the ``ledger`` fixture of conftest.py): Trades only
 LEDGER_TOML = """
 [lattice]
 levels = ["U", "C", "S", "TS"]
@@ -153,34 +154,11 @@ def _run(config, level, texts, streams, executors, k, rnd, prune, fail, vanish):
     while h.stale:  # late replies after everything was released: ignored
         h.answer(*h.stale.pop(), late=True)
     event(f"units merged: {'some' if h.merged else 'none'}")
-    out = {}
-    for r in regs:
-        info = core.queries[r.query_id]
-        assert info.ended, (r.query_id, info.state)
-        rows = [row for rel in info.results for row in rows_of(rel.rows)]
-        error_ts = info.revoked_after + 1 if info.state == "failed" else None
-        out[r.query_id] = (rows, error_ts, info.error)
-    return out
-
-
-@pytest.fixture(scope="module")
-def ledger():
-    return parse_config(LEDGER_TOML)
-
-
-@pytest.fixture(scope="module")
-def engines(spark, battlefield, chinese_wall, ledger):
-    from strata.worker.engine import Engine
-
-    return {id(c): [Engine(spark, c) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
+    return released(core, regs)
 
 
 def _check(config, engines, data, n_queries, extremes: float = 0.0):
-    from strata.worker.shared import SharedExecutor
-
-    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
-    texts = [data.draw(queries(config, level, extremes=extremes > 0), label=f"query{i}") for i in range(n_queries)]
-    streams = data.draw(multistream(config, extremes=extremes, max_instants=10), label="streams")
+    level, texts, streams = draw_case(data, config, n_queries, extremes, max_instants=10)
     k = data.draw(st.sampled_from([1, 1, 2, 3]), label="chunk_instants")
     n = data.draw(st.integers(1, 3), label="engines")
     sharing = data.draw(st.booleans(), label="sharing")
@@ -188,15 +166,10 @@ def _check(config, engines, data, n_queries, extremes: float = 0.0):
     fail = data.draw(st.sampled_from([0.0, 0.0, 0.15]), label="error replies")
     vanish = data.draw(st.sampled_from([0.0, 0.0, 0.1]), label="vanishing workers")
     rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
-    executors = [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
-    out = _run(config, level, texts, streams, executors, k, rnd, prune, fail, vanish)
+    out = _run(config, level, texts, streams, executors_of(engines, config, n, sharing), k, rnd, prune, fail, vanish)
     for i, text in enumerate(texts):
-        expected = evaluate_outcome(text, config, level, streams)
-        rows, error_ts, error = out[f"q{i + 1}"]
+        expected = assert_outcome(text, config, level, streams, out[f"q{i + 1}"])
         event("query fails" if expected.error else "query does not fail")
-        assert error_ts == expected.error_ts, (
-            f"{text}: fails at {error_ts} ({error}); the reference fails at {expected.error_ts} ({expected.error})")
-        compare_results(rows, expected.rows)
 
 
 @pytest.mark.spark
@@ -222,19 +195,12 @@ def test_failing_queries_fail_at_the_same_instant_whatever_the_merges(ledger, en
 
 
 # ---- the pieces, plainly --------------------------------------------------------------------------
-def _vitals(ts, levels=None, bp=None):
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": levels or ["S"] * n, "sid": ["a"] * n,
-                     "bp": bp if bp is not None else [float(i) for i in range(n)], "pr": [1.0] * n,
-                     "weight": [1.0] * n})
-
-
 def test_merged_chunk_is_the_first_legacy_then_every_new_tuple(battlefield):
     texts = {"q1": "SELECT COUNT(*) FROM Vitals [ROWS 2]",
              "q2": "ISTREAM(SELECT bp FROM Vitals [RANGE 2 seconds])",
              "q3": "SELECT SUM(bp) FROM Vitals"}
     ch = Chunker(battlefield, {q: compile_query(t, battlefield, "S") for q, t in texts.items()})
-    ch.push("Vitals", _vitals([1, 1, 2, 3, 3, 5], bp=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    ch.push("Vitals", vitals([1, 1, 2, 3, 3, 5], bp=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
     first = ch.close(1)
     rest = ch.close(5)
     assert [c.chunk_id for c in rest] == [2, 3, 5]  # no visible instant at 4: nothing cut
@@ -253,7 +219,7 @@ def test_merged_chunk_is_the_first_legacy_then_every_new_tuple(battlefield):
 def test_split_result_routes_rows_states_and_failures(battlefield):
     ch = Chunker(battlefield, {"q1": compile_query("SELECT SUM(bp) FROM Vitals", battlefield, "S"),
                                "q2": compile_query("SELECT bp FROM Vitals [NOW level in {U}]", battlefield, "S")})
-    ch.push("Vitals", _vitals([1, 2, 2, 4], levels=["S", "U", "S", "S"]))
+    ch.push("Vitals", vitals([1, 2, 2, 4], level=["S", "U", "S", "S"]))
     parts = ch.close(4)
     assert [c.chunk_id for c in parts] == [1, 2, 4]
     rows = pa.table({"ts": pa.array([1, 2, 4], pa.int64()), "level": ["S", "S", "S"], "s": [1.0, 3.0, 6.0]})
@@ -276,7 +242,7 @@ def test_backlog_is_spread_over_workers_and_paced_chunks_go_alone(battlefield):
     core.heartbeat("w1", 0.0, slots=2)
     core.heartbeat("w2", 0.0, slots=2)
     core.register("ana", ["SELECT AVG(bp) FROM Vitals [ROWS 100]"])
-    core.ingest("Vitals", _vitals(list(range(1, 11))), None)
+    core.ingest("Vitals", vitals(list(range(1, 11))), None)
     core.advance(upto_ts=10)  # ten ready chunks, two workers: one job of 5 instants each
     sent = core.assignments()
     assert [(c.first_ts, c.last_ts) for c, _ in sent] == [(1, 5), (6, 10)]
@@ -287,14 +253,14 @@ def test_backlog_is_spread_over_workers_and_paced_chunks_go_alone(battlefield):
            for qc in c.queries]
     released = core.on_result(c.chunk_id, sid, res, span=(c.first_ts, c.last_ts))
     assert [(r.chunk_id, r.rows.column("ts").to_pylist()) for r in released] == [(k, [k]) for k in range(1, 6)]
-    core.ingest("Vitals", _vitals([11]), None)
+    core.ingest("Vitals", vitals([11]), None)
     core.advance(upto_ts=11)  # paced: one new chunk, a free slot: it goes at once, alone
     assert [(c.first_ts, c.last_ts, s) for c, s in core.assignments()] == [(11, 11, sid)]
     assert core.timings.summary().get("merged_max") == 5.0
-    core.ingest("Vitals", _vitals(list(range(12, 20))), None)
+    core.ingest("Vitals", vitals(list(range(12, 20))), None)
     core.advance(upto_ts=19)  # a backlog of 8, a free slot on each worker: one share (8 / 2) each
     assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(12, 15), (16, 19)]
-    core.ingest("Vitals", _vitals(list(range(20, 28))), None)
+    core.ingest("Vitals", vitals(list(range(20, 28))), None)
     core.advance(upto_ts=27)  # a backlog of 8 while every slot is busy
     assert core.assignments() == []
     c, sid = sent[1]
@@ -312,7 +278,7 @@ def test_a_backlog_is_split_only_when_its_pruned_rows_outweigh_a_job(battlefield
     core.heartbeat("w2", 0.0, slots=2)
     q = "SELECT AVG(bp) FROM Vitals [ROWS 2]" if per_instant == 3 else "SELECT AVG(bp) FROM Vitals [RANGE 2 SECONDS]"
     core.register("ana", [q])
-    core.ingest("Vitals", _vitals([t for t in range(1, 11) for _ in range(per_instant)]), None)
+    core.ingest("Vitals", vitals([t for t in range(1, 11) for _ in range(per_instant)]), None)
     core.advance(upto_ts=10)
     sent = core.assignments()
     assert len(sent) == units
@@ -326,14 +292,14 @@ def test_the_unit_row_cap_counts_the_legacy_once(battlefield):
     core = MasterCore(battlefield, "S", max_unit_rows=120)
     core.heartbeat("w1", 0.0, slots=1)
     core.register("ana", ["SELECT COUNT(*) FROM Vitals [RANGE 3 SECONDS]"])
-    core.ingest("Vitals", _vitals([t for t in range(1, 11) for _ in range(10)]), None)
+    core.ingest("Vitals", vitals([t for t in range(1, 11) for _ in range(10)]), None)
     core.advance(upto_ts=10)
     [(c, _)] = core.assignments()
     assert (c.first_ts, c.last_ts) == (1, 10) and c.num_rows == 100
     core2 = MasterCore(battlefield, "S", max_unit_rows=60)  # the cap still holds: 60 rows at most
     core2.heartbeat("w1", 0.0, slots=1)
     core2.register("ana", ["SELECT COUNT(*) FROM Vitals [RANGE 3 SECONDS]"])
-    core2.ingest("Vitals", _vitals([t for t in range(1, 11) for _ in range(10)]), None)
+    core2.ingest("Vitals", vitals([t for t in range(1, 11) for _ in range(10)]), None)
     core2.advance(upto_ts=10)
     [(c, _)] = core2.assignments()
     assert (c.first_ts, c.last_ts) == (1, 6) and c.num_rows <= 60
@@ -355,7 +321,7 @@ def test_chunks_travel_with_the_columns_their_queries_read(battlefield):
     for qs, want in ((["q1"], {"ts", "level", "sid", "bp"}),
                      (["q1", "q2"], {"ts", "level", "sid", "bp", "pr", "_seq"})):
         ch = Chunker(battlefield, {q: cqs[q] for q in qs})
-        ch.push("Vitals", _vitals([1, 1, 2, 3]))
+        ch.push("Vitals", vitals([1, 1, 2, 3]))
         chunks = ch.close(3)
         for c in chunks:
             sent = prune_chunk(c, cqs)
@@ -371,7 +337,7 @@ def test_a_failed_chunk_travels_alone_and_is_given_up_alone(battlefield):
     core = MasterCore(battlefield, "S", chunk_retries=2)
     core.heartbeat("w1", 0.0, slots=1)
     q = core.register("ana", ["SELECT COUNT(*) FROM Vitals [NOW]"])[0].query_id
-    core.ingest("Vitals", _vitals([1, 2, 3]), None)
+    core.ingest("Vitals", vitals([1, 2, 3]), None)
     core.advance(upto_ts=3)
     [(c, sid)] = core.assignments()
     assert (c.first_ts, c.last_ts) == (1, 3)
@@ -419,7 +385,7 @@ def test_a_merged_unit_that_runs_out_of_time_goes_back_uncounted_in_halves(battl
     core = MasterCore(battlefield, "S", clock=lambda: now[0], chunk_deadline=10.0)
     core.heartbeat("w1", 0.0, slots=1)
     core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 2]"])
-    core.ingest("Vitals", _vitals(list(range(1, 9))), None)
+    core.ingest("Vitals", vitals(list(range(1, 9))), None)
     core.advance(upto_ts=8)
     [(c, sid)] = core.assignments()
     assert (c.first_ts, c.last_ts) == (1, 8) and core.deadline(c.chunk_id) == 10.0 * (1 + 0.25 * 7)
@@ -450,7 +416,7 @@ def test_instant_batches_close_only_complete_instants(battlefield, sizes, gaps, 
     if not ts:
         ts = [1]
     levels = ["TS" if i < hidden else "U" for i in range(len(ts))]  # the first rows invisible at S
-    vit = _vitals(ts, levels=levels)
+    vit = vitals(ts, level=levels)
     pos_ts = ts[::max(1, len(ts) // max(1, other))] if other else []
     pos = pa.table({"ts": pa.array(pos_ts, pa.int64()), "level": ["C"] * len(pos_ts), "sid": ["a"] * len(pos_ts),
                     "lat": [1.0] * len(pos_ts), "lon": ["E"] * len(pos_ts)})
@@ -485,7 +451,7 @@ def test_drop_above_leaves_out_exactly_what_the_shepherd_drops(battlefield, leve
     from strata.commands import drop_above
     from strata.master.shepherd import Shepherd
 
-    vit = _vitals(list(range(len(levels))), levels=levels)
+    vit = vitals(list(range(len(levels))), level=levels)
     vit = vit.set_column(1, "level", pa.array(levels, pa.string()))
     (stream, kept), = drop_above(battlefield, [("Vitals", vit)], at)[0]
     n = drop_above(battlefield, [("Vitals", vit)], at)[1]
@@ -564,7 +530,7 @@ def test_fast_input_gathers_for_one_job_time_paced_input_goes_after_a_probe(batt
     probe = core.PROBE_SECONDS
     core.heartbeat("w1", 0.0, slots=2)
     core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 2]"])
-    core.ingest("Vitals", _vitals([1]), None)
+    core.ingest("Vitals", vitals([1]), None)
     core.advance(upto_ts=1)
     assert core.assignments() == []  # a lone advance: held for the probe, in case more follows
     now[0] += probe * 1.01
@@ -574,7 +540,7 @@ def test_fast_input_gathers_for_one_job_time_paced_input_goes_after_a_probe(batt
     assert core.job_seconds == pytest.approx(1.0) and core.linger_seconds() == 1.0
     for t in range(2, 8):  # an advance every 0.1 s: input arrives faster than a job takes
         now[0] += 0.1
-        core.ingest("Vitals", _vitals([t]), None)
+        core.ingest("Vitals", vitals([t]), None)
         core.advance(upto_ts=t)
         assert core.assignments() == []  # the first after a pause: the probe; then gathering
     now[0] += 0.35
@@ -586,7 +552,7 @@ def test_fast_input_gathers_for_one_job_time_paced_input_goes_after_a_probe(batt
     now[0] += 2.0
     for c, sid in sent:
         core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
-    core.ingest("Vitals", _vitals([8]), None)
+    core.ingest("Vitals", vitals([8]), None)
     core.advance(upto_ts=8)  # paced: long after the previous advance, it waits for the probe only
     assert core.assignments() == []
     now[0] += probe * 1.01
@@ -595,6 +561,6 @@ def test_fast_input_gathers_for_one_job_time_paced_input_goes_after_a_probe(batt
     for c, sid in sent:
         core.on_result(c.chunk_id, sid, [], span=(c.first_ts, c.last_ts))
     now[0] += 0.1
-    core.ingest("Vitals", _vitals([9]), None)
+    core.ingest("Vitals", vitals([9]), None)
     core.advance(finish=True)  # quick, but a finished input is never held
     assert [(c.first_ts, c.last_ts) for c, _ in core.assignments()] == [(9, 9)]

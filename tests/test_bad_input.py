@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -20,16 +21,14 @@ from strata.config import load_config
 from strata.groups import group_spec
 
 from .conftest import BATTLEFIELD_TOML
-from .test_cluster_e2e import PASSWORD, poll, strata, write_config
+from .helpers import PASSWORD, strata, write_config
+from .polling import poll
+from . import tables
 
 pytestmark = pytest.mark.slow
 
-
-def vitals(ts, level="U", **over):
-    cols = {"ts": ts, "level": [level] * len(ts), "sid": ["a"] * len(ts), "bp": [1.0] * len(ts),
-            "pr": [1.0] * len(ts), "weight": [1.0] * len(ts)}
-    cols.update(over)
-    return pa.table(cols)
+#: level U, every number 1.0, the columns as Arrow infers them (some cases send a wrong type on purpose)
+vitals = partial(tables.vitals, level="U", bp=1.0, typed=False)
 
 
 @pytest.fixture(scope="module")

@@ -119,3 +119,90 @@ def test_range_headline_gives_the_user_path_and_the_warm_path():
     assert ("With `strata replay --cluster` onto a `strata up` cluster's warm workers **1.6x (not met)**: 1.3 s "
             "against 2.01 s (`python -m bench.peers --cli --warm`, d2, load 2-3)") in line
     assert "warm workers" not in _range_headline(rp, rc)  # no record, no clause
+
+
+def _scaling_run(wl, n, process, master, worker, client=0.5, chunks=None, warmup=False, load=1.0, net=None):
+    return {"workload": wl, "tuples": n, "warmup": warmup, "process": process, "throughput": round(n / process),
+            "master_cpu": master, "worker_cpu": worker, "client_cpu": client, "chunks": chunks or n // 20_000,
+            "units": 2, "merged_p50": 10.0, "engine_p50_ms": 500.0, "transport_p50_ms": 50.0, "load_before": load,
+            "load_after": load + 0.5, "net_bytes": net}
+
+
+def test_scaling_model_marginal_costs_and_projection():
+    """bench/scaling.py's model: marginal per-tuple costs from a small and a large run, and
+    T(N) = min(1 / c_master, N / c_worker) with its knee where the single master becomes the bound."""
+    from bench.scaling import costs_and_projection, marginal, project, summarize
+
+    assert marginal(1.0, 3.0, 20_000, 1_020_000) == 2e-6
+    assert marginal(None, 3.0, 1, 2) is None and marginal(1.0, 2.0, 5, 5) is None
+    p = project(1e-6, 4e-6, hosts=range(1, 9))
+    assert p["knee"] == 4.0 and p["master_bound"] == 1e6
+    assert [q["bound"] for q in p["points"]] == ["workers"] * 4 + ["master"] * 4
+    assert [round(q["throughput"]) for q in p["points"]][:5] == [250_000, 500_000, 750_000, 1_000_000, 1_000_000]
+    # a link too slow for the master: the network bounds before the master does
+    p = project(1e-6, 4e-6, hosts=range(1, 9), c_net=2e-6)
+    assert p["points"][-1]["bound"] == "network" and p["points"][-1]["throughput"] == 500_000
+    import pytest
+
+    with pytest.raises(ValueError):
+        project(0.0, 1e-6)
+
+    runs = [_scaling_run("rows", 20_000, 0.1, 2.0, 0.1, warmup=True),  # warm-up: not counted
+            _scaling_run("rows", 20_000, 0.2, 2.02, 0.15), _scaling_run("rows", 1_020_000, 1.2, 3.02, 1.15),
+            _scaling_run("range", 20_000, 0.2, 2.02, 0.15), _scaling_run("range", 1_020_000, 2.2, 4.02, 4.15)]
+    s = summarize(runs, "rows", 20_000, 1_020_000)
+    assert s["runs"] == 1 and s["throughput"] == 850_000 and s["throughput_marginal"] == 1_000_000
+    assert abs(s["master_cpu_per_tuple"] - 1e-6) < 1e-12 and abs(s["worker_cpu_per_tuple"] - 1e-6) < 1e-12
+    assert abs(s["worker_cpu_per_chunk"] - 0.02) < 1e-9 and s["tuples_per_chunk"] == 20_000
+    assert s["engine_ms_chunk"] == 50.0 and s["transport_ms_chunk"] == 5.0
+    targets = [{"axis": "hosts", "count": c, "label": f"hosts N={c}",
+                "summary": {wl: summarize(runs, wl, 20_000, 1_020_000) for wl in ("range", "rows")}} for c in (1, 2)]
+    m = costs_and_projection(targets, None)
+    assert m["range"]["source"] == "hosts N=1" and round(m["range"]["knee"], 6) == 2.0  # 4 µs worker / 2 µs master
+    assert m["range"]["measured"][1]["efficiency"] == targets[0]["summary"]["range"]["throughput"] / 250_000
+    # without the hosts axis (no namespaces) the model takes one worker on the shared host
+    for t in targets:
+        t["axis"] = "workers"
+        t["label"] = t["label"].replace("hosts N", "workers W")
+    assert costs_and_projection(targets, None)["rows"]["source"] == "workers W=1"
+    # the report recomputes stored results with this version's analysis
+    from bench.scaling import refresh
+
+    sc = refresh({"sizes": [20_000, 1_020_000], "targets": [{"axis": "hosts", "count": 1, "label": "hosts N=1",
+                                                            "runs": runs}]})
+    assert sc["targets"][0]["summary"]["rows"]["throughput_marginal"] == 1_000_000
+    assert sc["model"]["rows"]["source"] == "hosts N=1"
+
+
+def test_scaling_section_renders(tmp_path):
+    from bench.report import write_report
+    from bench.scaling import costs_and_projection, summarize
+
+    runs = [_scaling_run(wl, n, p, m, w, load=3.5 if wl == "range" else 1.0, net=n * 40)
+            for wl in ("range", "rows") for n, p, m, w in ((20_000, 0.2, 2.0, 0.1), (1_020_000, 2.2, 4.0, 4.1))]
+    targets = [{"axis": axis, "count": c, "label": f"{axis} {c}", "shares": "CPU 1: master, h2",
+                "setup": {"tasks_per_executor": {"work0/app-1/0": 12}} if axis == "executors" else {},
+                "summary": {wl: summarize(runs, wl, 20_000, 1_020_000) for wl in ("range", "rows")}}
+               for axis in ("workers", "executors", "hosts") for c in (1, 2)]
+    breakdown = {wl: {"ingest": 20.0, "advance": 30.0, "wire": 10.0, "total": 60.0, "bytes_per_tuple": 30.0}
+                 for wl in ("range", "rows")}
+    sc = {"sizes": [20_000, 1_020_000], "reps": 1, "cpus": 2, "per_instant": 20_000, "load_start": 1.0,
+          "load_end": 2.0, "mode": "quick", "date": "today", "targets": targets, "netns": True,
+          "checks": ["hosts 1 rows 20,000 run 1: DuckDB agrees on all 1 instants"], "master_path": breakdown,
+          "model": costs_and_projection(targets, breakdown)}
+    write_report({"meta": {"command": "test", "mode": "quick"}, "scaling": sc}, tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "## Scaling: workers, Spark executors, hosts (issue 31) (quick mode, today)" in text
+    assert "| hosts | 1 | CPU 1: master, h2 | range | 463,636 | 500,000 | 2.20 | 51 (2) | — | 2.00 | 4.00 |" in text
+    assert "**under load**" in text.split("| hosts | 1 | CPU 1: master, h2 | range |")[1].split("\n")[0]
+    assert "**under load**" not in text.split("| hosts | 1 | CPU 1: master, h2 | rows |")[1].split("\n")[0]
+    assert "| range | 2.00 | 20, 30, 10 | 1,940 | 4.00 |" in text  # 2 µs − 60 ns of the master's steps
+    assert "**T(N) = min(1 / c_master, N / c_worker)**" in text and "single master per level" in text
+    assert "| range | 250,000 (workers) | 500,000 (workers) | 500,000 (master) |" in text  # knee at 2 hosts
+    assert "E=1: work0/app-1/0 12" in text and "Correctness: all 1 outputs" in text
+    assert "python -m bench.run --only scaling" in text
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "scaling.png").exists()

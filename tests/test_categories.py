@@ -14,7 +14,7 @@ from strata.config import load_config
 
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of
-from .test_cluster_e2e import strata, write_config, write_csv
+from .helpers import strata, write_config, write_csv
 
 CATEGORIES_TOML = """
 [lattice]

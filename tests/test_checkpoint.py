@@ -33,10 +33,9 @@ from strata.master.core import MasterCore
 from strata.master.store import MasterStore, config_fingerprint
 from strata.mlscql import compile_query
 
-from .reference.evaluator import compare_results, evaluate_outcome
+from .distributed import assert_reference, executors_of, released
 from .strategies import example_settings, multistream, queries
-from .tables import inputs_of, rows_of
-from .test_adaptive import engines, ledger  # noqa: F401 - fixtures: the Spark engines of test_adaptive
+from .tables import inputs_of, rows_of, two_per_instant
 
 EXAMPLES, SETTINGS = example_settings("STRATA_CHECKPOINT_EXAMPLES", 15)
 
@@ -129,13 +128,6 @@ QUERIES = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 3] GROUP BY sid", "SELECT COUN
            "SELECT bp FROM Vitals [NOW]", "ISTREAM (SELECT sid FROM Vitals [RANGE 3 SECONDS])"]
 
 
-def vitals(ts0: int, n: int) -> pa.Table:
-    lv = ["U", "C", "S", "TS"]
-    return pa.table({"ts": [ts0 + i // 2 for i in range(n)], "level": [lv[i % 4] for i in range(n)],
-                     "sid": [f"s{i % 3}" for i in range(n)], "bp": [float(100 + i) for i in range(n)],
-                     "pr": [1.0] * n, "weight": [1.0] * n})
-
-
 def _core(path: Path, cfg, **kw):
     store = MasterStore(path, "S", config_fingerprint(cfg))
     return MasterCore(cfg, "S", chunk_instants=2, store=store, max_in_flight=10, adaptive=False, **kw)
@@ -160,12 +152,12 @@ def _answer_some(core, rnd):
 def _steps(core, rnd) -> list:
     """Registrations, input, advances, answers, a cancel, a failed query: one fixed script."""
     return [lambda: core.register("ann", QUERIES[:2]),
-            lambda: core.ingest("Vitals", vitals(1, 8), None), lambda: core.advance(upto_ts=3),
+            lambda: core.ingest("Vitals", two_per_instant(1, 8), None), lambda: core.advance(upto_ts=3),
             lambda: _answer_some(core, rnd), lambda: core.register("bob", QUERIES[2:]),
-            lambda: core.ingest("Vitals", vitals(4, 12), None), lambda: core.advance(upto_ts=7),
+            lambda: core.ingest("Vitals", two_per_instant(4, 12), None), lambda: core.advance(upto_ts=7),
             lambda: _answer_some(core, rnd), lambda: core.cancel("ann", ["q1"]),
-            lambda: core.ingest("Vitals", vitals(9, 10), None), lambda: core.advance(upto_ts=11),
-            lambda: _answer_some(core, rnd), lambda: core.ingest("Vitals", vitals(14, 6), None),
+            lambda: core.ingest("Vitals", two_per_instant(9, 10), None), lambda: core.advance(upto_ts=11),
+            lambda: _answer_some(core, rnd), lambda: core.ingest("Vitals", two_per_instant(14, 6), None),
             lambda: core.advance(finish=True), lambda: _answer_some(core, rnd)]
 
 
@@ -275,9 +267,9 @@ def test_checkpoints_come_by_rows_or_events_and_wait_for_a_backlog(battlefield, 
                                                                    config_fingerprint(cfg)), max_in_flight=10)
     core.register("ann", ["SELECT COUNT(*) FROM Vitals [ROWS 3]"])
     assert not core.checkpoint_due()
-    core.ingest("Vitals", vitals(1, 60), None)  # 45 rows at or below S
+    core.ingest("Vitals", two_per_instant(1, 60), None)  # 45 rows at or below S
     assert not core.checkpoint_due()
-    core.ingest("Vitals", vitals(40, 80), None)
+    core.ingest("Vitals", two_per_instant(40, 80), None)
     assert core._logged_rows == 105 and core.checkpoint_due()  # rows
     core.advance(upto_ts=80)  # a backlog of 105 rows > 100 / 4: wait for it
     assert not core.checkpoint_due()
@@ -286,12 +278,12 @@ def test_checkpoints_come_by_rows_or_events_and_wait_for_a_backlog(battlefield, 
     core.checkpoint()
     assert not core.checkpoint_due() and core.status()["counters"]["checkpoints"] == 1
     for t in range(81, 131):  # 50 advances: events
-        core.ingest("Vitals", vitals(t, 1), None)  # one U row each: logged with ... (one event per batch)
+        core.ingest("Vitals", two_per_instant(t, 1), None)  # one U row each: logged with ... (one event per batch)
     assert core._logged_events >= 50 and core.checkpoint_due()
     off = parse_config(BATTLEFIELD_TOML + "\n[limits]\ncheckpoint_rows = 0\ncheckpoint_events = 0\n")
     never = MasterCore(off, "S", store=MasterStore(tmp_path / "n.sqlite", "S", config_fingerprint(off)))
     never.register("ann", ["SELECT COUNT(*) FROM Vitals [ROWS 3]"])
-    never.ingest("Vitals", vitals(1, 4000), None)
+    never.ingest("Vitals", two_per_instant(1, 4000), None)
     assert not never.checkpoint_due()
 
 
@@ -348,12 +340,7 @@ def _run_with_restarts(config, level, texts, streams, executors, k, rnd, path: P
                 restart()
     h.drain()
     event(f"restarts: {min(restarts, 3)}, after a checkpoint: {min(checkpoints, 3)}")
-    out = {}
-    for r in regs:
-        info = h.core.queries[r.query_id]
-        assert info.ended, (r.query_id, info.state)
-        rows = [row for rel in info.results for row in rows_of(rel.rows)]
-        out[r.query_id] = (rows, info.revoked_after + 1 if info.state == "failed" else None, info.error)
+    out = released(h.core, regs)
     h.core.store.close()
     return out
 
@@ -362,12 +349,9 @@ def _run_with_restarts(config, level, texts, streams, executors, k, rnd, path: P
 @SETTINGS
 @given(data=st.data())
 def test_restarts_from_checkpoints_equal_reference(battlefield, engines, data):
-    from strata.worker.shared import SharedExecutor
-
     config = battlefield
     level, texts, streams, k, rnd = _case(data, config, max_instants=10)
-    executors = [SharedExecutor(e, config, enabled=True) for e in engines[id(config)][:2]]
-    restarted_equals_reference(config, level, texts, streams, executors, k, rnd)
+    restarted_equals_reference(config, level, texts, streams, executors_of(engines, config, 2, True), k, rnd)
 
 
 def restarted_equals_reference(config, level, texts, streams, executors, k, rnd) -> None:
@@ -375,8 +359,4 @@ def restarted_equals_reference(config, level, texts, streams, executors, k, rnd)
     equal the reference's."""
     with tempfile.TemporaryDirectory() as d:
         out = _run_with_restarts(config, level, texts, streams, executors, k, rnd, Path(d) / "m.sqlite")
-    for i, text in enumerate(texts):
-        expected = evaluate_outcome(text, config, level, streams)
-        rows, error_ts, error = out[f"q{i + 1}"]
-        assert error_ts == expected.error_ts, (text, error)
-        compare_results(rows, expected.rows)
+    assert_reference(config, level, texts, streams, out)

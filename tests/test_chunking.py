@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from functools import partial
 
 import pandas as pd
 import pyarrow as pa
@@ -27,25 +28,18 @@ from chunking import (
 )
 from strata.mlscql.analyze import compile_query
 
+from .tables import counting, in_turn
+from .tables import vitals as _vitals
+
 LEVELS = ["U", "C", "S", "TS"]
 
 
 # ---------------------------------------------------------------------------
 # helpers
 
-
-def vitals(ts, n, level="U", start=0, sid=None):
-    """``n`` Vitals tuples at instant ``ts``; bp numbers them so tests can identify rows."""
-    return pa.table(
-        {
-            "ts": pa.array([ts] * n, pa.int64()),
-            "level": [level] * n if isinstance(level, str) else list(level),
-            "sid": [f"s{i % 3}" for i in range(n)] if sid is None else list(sid),
-            "bp": [float(start + i) for i in range(n)],
-            "pr": [1.0] * n,
-            "weight": [2.0] * n,
-        }
-    )
+#: this module's Vitals tuples: level U, sids s0, s1, s2 in turn, bp numbering them (so tests can identify
+#: rows), weight 2.0
+vitals = partial(_vitals, level="U", sid=in_turn("s0", "s1", "s2"), weight=2.0)
 
 
 def positions(ts, n, level="U"):
@@ -89,7 +83,7 @@ def table71(battlefield):
     ch = Chunker(battlefield, qs, chunk_instants=1)
     out = []
     for ts, nv, np_ in [(1, 200, 50), (2, 50, 30), (3, 40, 10), (4, 70, 80)]:
-        ch.push("Vitals", vitals(ts, nv))
+        ch.push("Vitals", vitals([ts] * nv))
         ch.push("Positions", positions(ts, np_))
         out += ch.close(ts)
     return ch, out
@@ -167,7 +161,7 @@ def test_chunk_length_k(battlefield):
     cq = compile_query("SELECT AVG(bp) FROM Vitals[ROWS 2]", battlefield, "U")
     ch = Chunker(battlefield, {"q": cq}, chunk_instants=3)
     for ts in (1, 2, 4, 10, 11):
-        ch.push("Vitals", vitals(ts, 2, start=10 * ts))
+        ch.push("Vitals", vitals([ts] * 2, bp=counting(10 * ts)))
     assert ch.close(1) == []  # chunk 0 ends at 2
     out = ch.close(5)
     assert [(c.chunk_id, c.first_ts, c.last_ts) for c in out] == [(0, 0, 2), (1, 3, 5)]
@@ -178,7 +172,7 @@ def test_chunk_length_k(battlefield):
     assert [(c.chunk_id, c.first_ts, c.last_ts) for c in out] == [(3, 9, 11)]  # chunk 2 (6..8) is empty
     assert out[0].queries[0].instants == [10, 11] and out[0].queries[0].prev_instant == 4
     with pytest.raises(ChunkingError, match="late"):
-        ch.push("Vitals", vitals(11, 1))
+        ch.push("Vitals", vitals([11]))
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +185,7 @@ def test_invisible_instants_produce_no_chunk(battlefield):
     qts = compile_query("SELECT AVG(bp) FROM Vitals[ROWS 3] WHERE level = U", battlefield, "TS")
     ch = Chunker(battlefield, {"u": qu, "ts": qts})
     for ts, lv in [(1, "U"), (2, "U"), (3, "TS"), (4, "U")]:
-        ch.push("Vitals", vitals(ts, 1, level=lv))
+        ch.push("Vitals", vitals([ts], level=lv))
     out = ch.finish()
     assert [c.chunk_id for c in out] == [1, 2, 3, 4]
     assert [q.query_id for q in out[2].queries] == ["ts"]
@@ -204,7 +198,7 @@ def test_invisible_instants_produce_no_chunk(battlefield):
 def test_chunk_seen_by_no_query_is_skipped(battlefield):
     cq = compile_query("SELECT bp FROM Vitals[ROWS 1]", battlefield, "U")
     ch = Chunker(battlefield, {"q": cq})
-    ch.push("Vitals", vitals(1, 1, level="S"))
+    ch.push("Vitals", vitals([1], level="S"))
     ch.push("Positions", positions(2, 1))
     assert ch.finish() == []
     assert ch.accepted == 2
@@ -387,9 +381,9 @@ def test_chunks_match_reference(battlefield, scenario, rnd):
 def test_partition_legacy(battlefield):
     cq = compile_query("SELECT bp FROM Vitals[PARTITION BY sid ROWS 2]", battlefield, "U")
     ch = Chunker(battlefield, {"q": cq})
-    ch.push("Vitals", vitals(1, 6, sid=["a", "b", "a", "a", "a", "c"]))  # bp 0..5
-    ch.push("Vitals", vitals(2, 1, sid=["b"], start=100))
-    ch.push("Vitals", vitals(3, 1, sid=["c"], start=200))
+    ch.push("Vitals", vitals([1] * 6, sid=["a", "b", "a", "a", "a", "c"]))  # bp 0..5
+    ch.push("Vitals", vitals([2], sid=["b"], bp=counting(100)))
+    ch.push("Vitals", vitals([3], sid=["c"], bp=counting(200)))
     out = ch.finish()
     q = qchunk(out, "q")
     # last 2 of a (bp 3, 4), of b (bp 1), of c (bp 5), in arrival order, then the new one
@@ -401,9 +395,9 @@ def test_partition_legacy(battlefield):
 def test_partition_by_level(battlefield):
     cq = compile_query("SELECT bp FROM Vitals[PARTITION BY level ROWS 1 level in {U,C}]", battlefield, "S")
     ch = Chunker(battlefield, {"q": cq})
-    ch.push("Vitals", vitals(1, 4, level=["U", "C", "S", "U"]))
-    ch.push("Vitals", vitals(2, 1, level="S", start=10))  # invisible
-    ch.push("Vitals", vitals(3, 1, level="C", start=20))
+    ch.push("Vitals", vitals([1] * 4, level=["U", "C", "S", "U"]))
+    ch.push("Vitals", vitals([2], level="S", bp=counting(10)))  # invisible
+    ch.push("Vitals", vitals([3], level="C", bp=counting(20)))
     out = ch.finish()
     q = qchunk(out, "q")
     assert sorted(q) == [1, 3]
@@ -416,7 +410,7 @@ def test_now_legacy(battlefield):
     qr = compile_query("SELECT RSTREAM bp FROM Vitals[NOW]", battlefield, "U")
     ch = Chunker(battlefield, {"i": qi, "r": qr})
     for ts, n in [(1, 3), (2, 2), (5, 1)]:
-        ch.push("Vitals", vitals(ts, n, start=10 * ts))
+        ch.push("Vitals", vitals([ts] * n, bp=counting(10 * ts)))
     out = ch.finish()
     i, r = qchunk(out, "i"), qchunk(out, "r")
     assert [legacy_of(i[t], 0) for t in (1, 2, 5)] == [{}, {1: 3}, {2: 2}]
@@ -430,13 +424,13 @@ def test_range_units_and_instant_length(battlefield):
     cq = compile_query("SELECT RSTREAM bp FROM Vitals[RANGE 1 minutes]", cfg, "U")  # 2 instants
     ch = Chunker(cfg, {"q": cq})
     for ts in (1, 2, 3):
-        ch.push("Vitals", vitals(ts, 1))
+        ch.push("Vitals", vitals([ts]))
     q = qchunk(ch.finish(), "q")
     assert legacy_of(q[3], 0) == {2: 1}
     cq = compile_query("SELECT RSTREAM bp FROM Vitals[RANGE 1500 milliseconds]", battlefield, "U")  # ceil(1.5)=2
     ch = Chunker(battlefield, {"q": cq})
     for ts in (1, 2, 3):
-        ch.push("Vitals", vitals(ts, 1))
+        ch.push("Vitals", vitals([ts]))
     assert legacy_of(qchunk(ch.finish(), "q")[3], 0) == {2: 1}
 
 
@@ -449,7 +443,7 @@ def test_history_and_none_modes(battlefield):
     assert legacy_mode(qj) is LegacyMode.HISTORY
     ch = Chunker(battlefield, {"h": qh, "n": qn, "j": qj})
     for ts in (1, 2, 3):
-        ch.push("Vitals", vitals(ts, 2))
+        ch.push("Vitals", vitals([ts] * 2))
         ch.push("Positions", positions(ts, 2))
         ch.close(ts - 1)
     out = ch.finish()
@@ -473,7 +467,7 @@ def test_state_mode(battlefield):
     ch = Chunker(battlefield, {"s": cq, "w": other})
     got = {}
     for ts in (1, 2, 3, 4):
-        ch.push("Vitals", vitals(ts, ts))
+        ch.push("Vitals", vitals([ts] * ts))
         for c in ch.close(ts):
             got.update({q.chunk_id: q for q in c.queries if q.query_id == "s"})
     # no confirm yet: every chunk carries all visible tuples, no state
@@ -488,7 +482,7 @@ def test_state_mode(battlefield):
     assert ch.snapshot_upto("s") == 3
     # results of other queries are ignored
     assert ch.confirm(ChunkResult("w", 4, pa.table({"x": [1]}), state=pa.table({"n": [1]}), state_upto=4)) is False
-    ch.push("Vitals", vitals(5, 5))
+    ch.push("Vitals", vitals([5] * 5))
     q5 = qchunk(ch.close(5), "s")[5]
     assert q5.state_upto == 3 and q5.state.to_pydict() == {"count": [6]}
     assert by_ts(q5.items[0]) == {4: 4, 5: 5}  # ts > state_upto up to the chunk end
@@ -500,8 +494,8 @@ def test_state_mode(battlefield):
         ch.confirm(_state_result(q5, upto=9))
     # K > 1: a state may claim its chunk's last_ts (nothing visible after its last instant)
     ck = Chunker(battlefield, {"s": cq}, chunk_instants=4)
-    ck.push("Vitals", vitals(1, 2))
-    ck.push("Vitals", vitals(5, 1))
+    ck.push("Vitals", vitals([1] * 2))
+    ck.push("Vitals", vitals([5]))
     (qa,) = qchunk(ck.close(3), "s").values()
     assert ck.confirm(_state_result(qa, upto=3)) is True
     (qb,) = qchunk(ck.finish(), "s").values()
@@ -514,10 +508,10 @@ def test_state_mode(battlefield):
 def test_add_query_later(battlefield):
     cq = compile_query("SELECT AVG(bp) FROM Vitals[ROWS 10]", battlefield, "U")
     ch = Chunker(battlefield, {"a": cq})
-    ch.push("Vitals", vitals(1, 3))
+    ch.push("Vitals", vitals([1] * 3))
     ch.add_query("b", cq)
-    ch.push("Vitals", vitals(1, 2, start=3))  # same instant, after b registered
-    ch.push("Vitals", vitals(2, 1, start=5))
+    ch.push("Vitals", vitals([1] * 2, bp=counting(3)))  # same instant, after b registered
+    ch.push("Vitals", vitals([2], bp=counting(5)))
     with pytest.raises(ChunkingError, match="already registered"):
         ch.add_query("b", cq)
     out = ch.finish()
@@ -577,11 +571,11 @@ def test_levels_are_canonicalized(chinese_wall):
 def test_validation_rejects_whole_batch(battlefield, stream, mutate, reason, message):
     cq = compile_query("SELECT * FROM Vitals[ROWS 5], Positions[ROWS 5]", battlefield, "U")
     ch = Chunker(battlefield, {"q": cq})
-    ch.push("Vitals", vitals(6, 2))
+    ch.push("Vitals", vitals([6] * 2))
     ch.push("Positions", positions(2, 1))
     ch.close(3)  # closes chunks ≤ 3
     before = (ch.accepted, ch.retained_rows, ch.closed_until)
-    good = vitals(7, 3) if stream != "Positions" else positions(3, 3)
+    good = vitals([7] * 3) if stream != "Positions" else positions(3, 3)
     bad = mutate(good)
     with pytest.raises(ChunkingError, match=message) as ei:
         ch.push(stream, bad)
@@ -589,7 +583,7 @@ def test_validation_rejects_whole_batch(battlefield, stream, mutate, reason, mes
     assert ch.rejected == {reason: 3}
     assert (ch.accepted, ch.retained_rows, ch.closed_until) == before
     # the stream continues as if the bad batch never came: seq numbers have no gap
-    ch.push("Vitals", vitals(7, 1))
+    ch.push("Vitals", vitals([7]))
     c = ch.finish()[-1]
     assert c.chunk_id == 7 and c.queries[0].items[0]["_seq"].to_pylist() == [0, 1, 2]
 
@@ -685,7 +679,7 @@ def test_memory_bound(battlefield):
     ch = Chunker(battlefield, qs)
     peak = 0
     for ts in range(1000):
-        ch.push("Vitals", vitals(ts, 3, level=["U", "S", "U"]))
+        ch.push("Vitals", vitals([ts] * 3, level=["U", "S", "U"]))
         ch.close(ts)
         peak = max(peak, ch.retained_rows)
     assert ch.retained("rows") == [5] and ch.retained("rows_i") == [5]
@@ -721,7 +715,7 @@ def test_item_holds_exactly_its_window_levels(battlefield, batches, window_level
     ch = Chunker(battlefield, {"q": cq}, chunk_instants=len(batches))
     want, start = [], 0
     for ts, levels in enumerate(batches):
-        ch.push("Vitals", vitals(ts, len(levels), level=levels, start=start))
+        ch.push("Vitals", vitals([ts] * len(levels), level=levels, bp=counting(start)))
         want += [float(start + i) for i, lv in enumerate(levels) if lv in window_levels]
         start += len(levels)
     got = [bp for c in ch.close(len(batches) - 1) for q in c.queries for bp in q.items[0].column("bp").to_pylist()]

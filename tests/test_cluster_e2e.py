@@ -4,12 +4,9 @@ the stream shepherd, replay against the reference, Algorithm 5 with an injected 
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,54 +20,15 @@ from strata.config import load_config
 from strata.groups import AUTH_HEADER, group_spec, sign_request
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
-from strata.users import ROLES, UserStore
 from strata.tls import issue, make_ca, secure_channel
 from strata.groups.membership import Heartbeat, encode_heartbeat
 
 from .conftest import BATTLEFIELD_TOML, CHINESE_WALL_TOML
+from .helpers import PASSWORD, login, read_out, strata, write_config, write_csv  # noqa: F401 - some modules import them from here
 from .polling import poll
 from .reference.evaluator import compare_results, evaluate
 
 pytestmark = pytest.mark.slow
-PASSWORD = "correct horse"
-
-
-def write_config(dir: Path, text: str, users: dict[str, str | tuple[str, str]]) -> Path:
-    """A config and its users file.  ``users``: name → clearance, or (clearance, "role,role").
-    A user given only a clearance gets every role (producer, analyst, operator): these tests'
-    users ingest, query and read the cluster's status alike."""
-    p = dir / "strata.toml"
-    p.write_text(text)
-    cfg = load_config(p)
-    store = UserStore(cfg.users_path, cfg.lattice)
-    for name, spec in users.items():
-        clearance, roles = (spec, ROLES) if isinstance(spec, str) else spec
-        store.add(name, clearance, PASSWORD, replace=True, roles=roles)
-    return p
-
-
-def strata(*args, env_extra=None, timeout=600):
-    env = {**os.environ, "STRATA_PASSWORD": PASSWORD, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "strata", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def write_csv(path: Path, header: list[str], rows: list[tuple]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-
-
-def read_out(path: Path, types: list[str]) -> list[tuple]:
-    conv = {"double": lambda s: None if s == "" else float(s), "long": lambda s: None if s == "" else int(s),
-            "string": lambda s: s, "level": lambda s: s}
-    with open(path) as f:
-        rows = list(csv.reader(f))
-    out = []
-    for r in rows[1:]:
-        out.append((int(r[0]), r[1], *[conv.get(t, str)(v) for t, v in zip(types, r[2:])]))
-    return out
 
 
 # ---- a running two-level cluster -----------------------------------------------------------
@@ -92,15 +50,9 @@ def workers_of(cluster, level):
     return sorted(p["address"] for p in cluster["record"]["processes"] if p["role"] == "worker" and p["level"] == level)
 
 
-def client(cluster, level, user):
-    c = Client(cluster["masters"][level], tls_dir=cluster["tls"], level=level)
-    c.login(user, PASSWORD, level)
-    return c
-
-
 def test_group_tables_hold_only_their_level(cluster):
     for level, user in (("S", "sam"), ("TS", "tess")):
-        with client(cluster, level, user) as c:
+        with login(cluster, user, level) as c:
             sids = poll(lambda: sorted(w.sid for w in c.status().workers) == workers_of(cluster, level) and True)
             assert sids, f"{level} group table: {[w.sid for w in c.status().workers]}"
             assert not set(w.sid for w in c.status().workers) & set(workers_of(cluster, "S" if level == "TS" else "TS"))
@@ -133,7 +85,7 @@ def test_forged_and_wrong_key_heartbeats_are_ignored(cluster):
         tx.sendto(encode_heartbeat(other, ts_spec.key), dest)  # the TS group's key
     tx.close()
     time.sleep(0.5)  # let the datagrams arrive; the assertion below must hold at any time after
-    with client(cluster, "S", "sam") as c:
+    with login(cluster, "sam", "S") as c:
         assert sorted(w.sid for w in c.status().workers) == workers_of(cluster, "S")
 
 
@@ -145,7 +97,7 @@ def _worker_info(cluster, level, sid):
 
 
 def test_ts_tuple_on_s_master_never_reaches_s_workers(cluster):
-    with client(cluster, "S", "sam") as c:
+    with login(cluster, "sam", "S") as c:
         regs = c.register(["SELECT RSTREAM COUNT(*) FROM Vitals [NOW]"])
         t = pa.table({"ts": [1, 1, 2, 2, 3], "level": ["S", "TS", "TS", "U", "TS"], "sid": ["a"] * 5,
                       "bp": [1.0] * 5, "pr": [1.0] * 5, "weight": [1.0] * 5})
@@ -179,7 +131,7 @@ def test_ts_tuple_on_s_master_never_reaches_s_workers(cluster):
 
 def test_busy_worker_gets_no_chunk(cluster):
     """Worker 1 of each level reports CPU 95 % (injected): Algorithm 5 sends it nothing."""
-    with client(cluster, "TS", "tess") as c:
+    with login(cluster, "tess", "TS") as c:
         regs = c.register(["SELECT AVG(bp) FROM Vitals [ROWS 2]"])
         t = pa.table({"ts": list(range(1, 9)), "level": ["U", "TS"] * 4, "sid": ["a"] * 8,
                       "bp": [float(i) for i in range(8)], "pr": [1.0] * 8, "weight": [1.0] * 8})

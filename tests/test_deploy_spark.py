@@ -3,8 +3,8 @@
 receives which Spark secret, and (``netns``, ``slow``) a level's Spark standalone cluster
 started by ``strata deploy up`` over real ssh.
 
-Topology of the end-to-end tests (the ssh test's helpers: tests/test_deploy_ssh.py's
-SshTopology and Sshd, its Topology from tests/test_deploy_netns.py), on a bridge:
+Topology of the end-to-end tests (tests/netns_hosts.py's Topology and Sshd, as in tests/test_deploy_ssh.py),
+on a bridge:
 
     op  10.79.0.2   the operator: `strata deploy` (ssh, scp) and the clients
     a   10.79.0.3   sshd; level S's Spark standalone master and one Spark worker (1 core, 1 GB)
@@ -32,14 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from strata.config import load_config
-from strata.users import ROLES, UserStore
-
 from .conftest import BATTLEFIELD_TOML
+from .helpers import write_config
+from .netns_hosts import (PY, assert_replay_equals_reference, cli_op, deploy_op, ip, namespaces, ours_left,
+                          replay_args, ssh_hosts, ssh_skip_reason, tls_available)
 from .polling import poll
-from .reference.evaluator import compare_results, evaluate
-from .test_deploy_netns import PASSWORD, _ip, _read
-from .test_deploy_ssh import HEADER, ROWS, Sshd, SshTopology, _client, _ours_left, _ssh_skip_reason, _vitals, deploy
 from .test_spark_cluster import assert_one_line
 
 S_SECRET = "level-S-spark-secret-0b5e"
@@ -332,7 +329,6 @@ def test_the_host_agent_runs_records_and_stops_spark_daemons(tmp_path, monkeypat
 # ---- end to end over ssh: a level's Spark cluster on one host, its Strata worker on another -------------------
 SUBNET = "10.79.0"
 HOSTS = {"op": 2, "a": 3, "b": 4, "c": 5}
-PY = sys.executable
 
 E2E_INVENTORY = """\
 [deployment]
@@ -402,67 +398,37 @@ spark_secret_file = "keys/TS.spark"
 e2e = [pytest.mark.netns, pytest.mark.slow]
 
 
-class SparkTopology(SshTopology):
-    """The ssh test's bridge topology with the operator and three ssh "hosts" a, b, c."""
-
-    def __init__(self):
-        super().__init__()
-        self.prefix = f"sk{os.getpid()}"
-        self.bridge = f"{self.prefix}-br"
-        self.ns = {h: f"{self.prefix}-{h}" for h in HOSTS}
-
-    def address(self, host: str) -> str:
-        return f"{SUBNET}.{HOSTS[host]}"
-
-
 @pytest.fixture(scope="module")
 def topo():
-    reason = _ssh_skip_reason()
+    reason = ssh_skip_reason()
     if reason is None and not (os.environ.get("JAVA_HOME") or subprocess.run(["which", "java"],
                                                                                 capture_output=True).returncode == 0):
         reason = "no Java: a Spark standalone cluster cannot start"
-    if reason:
-        pytest.skip(reason)
-    t = SparkTopology()
-    try:
-        t.up()
+    with namespaces("sk", SUBNET, HOSTS, reason) as t:
         yield t
-    finally:
-        t.down()
 
 
 @pytest.fixture(scope="module")
 def env(topo, tmp_path_factory):
     """sshd on a, b, c; the config (S on its cluster at a), the levels' secrets, users, inventory;
     `deploy down` and sshd stopped at the end (the namespaces' processes are killed with them)."""
-    import importlib.util
-
-    d = tmp_path_factory.mktemp("deploy-spark")
-    sshd = Sshd(topo, d)
-    info = {"dir": d, "sshd": sshd, "state": d / "state"}
-    try:
-        sshd.start(["a", "b", "c"])
+    with ssh_hosts(topo, tmp_path_factory.mktemp("deploy-spark"), ["a", "b", "c"]) as info:
+        d, sshd = info["dir"], info["sshd"]
+        info["state"] = d / "state"
         secret_file(d / "keys" / "S.spark", S_SECRET)
         secret_file(d / "keys" / "TS.spark", TS_SECRET)
-        cfg = d / "strata.toml"
-        cfg.write_text(BATTLEFIELD_TOML + E2E_GROUPS.format(addr=topo.address("a")))
-        store = UserStore(load_config(cfg).users_path, load_config(cfg).lattice)
-        store.add("sam", "S", PASSWORD, replace=True, roles=ROLES)
-        tls = importlib.util.find_spec("strata.tls") is not None
+        cfg = write_config(d, BATTLEFIELD_TOML + E2E_GROUPS.format(addr=topo.address("a")), {"sam": "S"})
+        tls = tls_available()
         inv = d / "inventory.toml"
         inv.write_text(E2E_INVENTORY.format(state=d / "state", python=PY, tls="true" if tls else "false",
                                             user=sshd.user, ssh_options=json.dumps(sshd.options()),
                                             addr={h: topo.address(h) for h in HOSTS}))
         info.update(config=cfg, inventory=inv, tls=tls, url=f"spark://{topo.address('a')}:7077")
         yield info
-    finally:
-        if "inventory" in info:
-            deploy(topo, "down", "--inventory", str(info["inventory"]))
-        sshd.stop()
 
 
 def _pids(topo, host: str) -> list[int]:
-    return [int(x) for x in _ip("netns", "pids", topo.ns[host]).stdout.split()]
+    return [int(x) for x in ip("netns", "pids", topo.ns[host]).stdout.split()]
 
 
 def _executor_tasks(work: Path) -> int:
@@ -473,7 +439,7 @@ def _executor_tasks(work: Path) -> int:
 @pytest.mark.netns
 @pytest.mark.slow
 def test_check_reach_names_the_levels_cluster(topo, env):
-    r = deploy(topo, "check", "--inventory", str(env["inventory"]), "--reach", "--json")
+    r = deploy_op(topo, "check", "--inventory", str(env["inventory"]), "--reach", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["levels"]["S"]["spark"] == {"master": env["url"], "master_host": "a", "workers": ["a"]}
@@ -485,7 +451,7 @@ def test_check_reach_names_the_levels_cluster(topo, env):
 @pytest.mark.slow
 def test_up_starts_the_levels_spark_cluster_first(topo, env):
     t0 = time.monotonic()
-    r = deploy(topo, "up", "--inventory", str(env["inventory"]))
+    r = deploy_op(topo, "up", "--inventory", str(env["inventory"]))
     env["up_seconds"] = time.monotonic() - t0
     assert r.returncode == 0, f"deploy up failed:\n{r.stderr[-6000:]}"
     print(f"deploy up with level S's Spark cluster: {env['up_seconds']:.1f} s\n{r.stderr}")
@@ -554,7 +520,7 @@ def test_up_starts_the_levels_spark_cluster_first(topo, env):
 @pytest.mark.netns
 @pytest.mark.slow
 def test_status_shows_the_spark_daemons(topo, env):
-    r = deploy(topo, "status", "--inventory", str(env["inventory"]), "--json")
+    r = deploy_op(topo, "status", "--inventory", str(env["inventory"]), "--json")
     assert r.returncode == 0, r.stderr + r.stdout
     st = json.loads(r.stdout)
     assert st["healthy"]
@@ -563,7 +529,7 @@ def test_status_shows_the_spark_daemons(topo, env):
     master = daemons["spark-master-S"]
     assert master["ready"] and master["address"] == env["url"] and master["status"] == "ALIVE"
     assert master["workers"] == [topo.address("a")] and master["apps"] == ["strata-worker-S"]
-    text = deploy(topo, "status", "--inventory", str(env["inventory"]))
+    text = deploy_op(topo, "status", "--inventory", str(env["inventory"]))
     assert text.returncode == 0 and "spark-master-S" in text.stdout and "apps: strata-worker-S" in text.stdout
 
 
@@ -573,20 +539,10 @@ def test_replay_runs_on_the_levels_standalone_executor(topo, env, tmp_path):
     work = env["state"] / "a" / "spark" / "S" / "work"
     before = _executor_tasks(work)
     assert before > 0  # the worker's warm-up ran there already
-    cfg = load_config(env["config"])
-    queries = [("SELECT AVG(bp) FROM Vitals [ROWS 2]", ["double"]),
-               ("SELECT sid, COUNT(*) FROM Vitals [RANGE 2 seconds] GROUP BY sid", ["string", "long"])]
-    args = ["--input", f"Vitals={_vitals(tmp_path / 'vitals.csv')}", "--output", str(tmp_path / "out")]
-    for q, _ in queries:
-        args += ["--query", q]
     t0 = time.monotonic()
-    r = _client(topo, env, ["replay"], *args, timeout=240)
+    r = cli_op(topo, env, ["replay"], *replay_args(tmp_path), timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    streams = {"Vitals": [dict(zip(HEADER, row)) for row in ROWS]}
-    for i, (q, types) in enumerate(queries, 1):
-        got = _read(tmp_path / "out" / f"q{i}.csv", types)
-        assert got, f"query {i} produced nothing"
-        compare_results(got, evaluate(q, cfg, "S", streams))
+    assert_replay_equals_reference(env["config"], tmp_path / "out")
     after = _executor_tasks(work)
     assert after > before, (before, after)  # the replay's jobs ran on a's executor
     print(f"replay through the S master {time.monotonic() - t0:.1f} s; executor tasks on a: {before} (warm-up) + "
@@ -619,12 +575,12 @@ def test_a_worker_with_another_levels_secret_is_refused(topo, env):
 @pytest.mark.netns
 @pytest.mark.slow
 def test_down_stops_everything(topo, env):
-    r = deploy(topo, "down", "--inventory", str(env["inventory"]))
+    r = deploy_op(topo, "down", "--inventory", str(env["inventory"]))
     assert r.returncode == 0, r.stderr
     assert "stopped 4 processes and 2 Spark daemons" in r.stderr, r.stderr
     assert "a: stopped 0 processes and 2 Spark daemons" in r.stderr, r.stderr
     for h in ("a", "b", "c"):  # the executor and the workers' JVMs too; sshd stays
-        assert poll(lambda: _ours_left(topo, h) == [], timeout=30), (h, _ours_left(topo, h))
+        assert poll(lambda: ours_left(topo, h) == [], timeout=30), (h, ours_left(topo, h))
     assert not env["inventory"].with_name("inventory.deployed.json").exists()
-    st = deploy(topo, "status", "--inventory", str(env["inventory"]), "--json")
+    st = deploy_op(topo, "status", "--inventory", str(env["inventory"]), "--json")
     assert st.returncode == 1 and not json.loads(st.stdout)["spark"]

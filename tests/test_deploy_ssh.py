@@ -1,6 +1,6 @@
 """`strata deploy` over real ssh: OpenSSH servers in network namespaces made by the test.
 
-Topology (the Topology helper of tests/test_deploy_netns.py, with other hosts):
+Topology (tests/netns_hosts.py's Topology and Sshd):
 
     bridge namespace  ss<pid>-br : br0 (multicast snooping off), one veth per host
     op  10.78.0.2   the operator: `strata deploy` (ssh, scp) and the clients run here
@@ -32,129 +32,23 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from strata.config import load_config
-from strata.users import ROLES, UserStore
-
 from .conftest import BATTLEFIELD_TOML
+from .helpers import write_config
+from .netns_hosts import (PY, assert_replay_equals_reference, cli_op, deploy_op, namespaces, ours_left, replay_args,
+                          ssh_hosts, ssh_skip_reason, tls_available, vitals_csv)
 from .polling import poll
-from .reference.evaluator import compare_results, evaluate
-from .test_deploy_netns import PASSWORD, Topology, _gone, _ip, _read, _skip_reason
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 SUBNET = "10.78.0"
 SSH_HOSTS = {"op": 2, "m": 3, "w": 4}  # host → last octet
-PY = sys.executable
-SSHD = "/usr/sbin/sshd"
-PRIVSEP_DIR = Path("/run/sshd")  # compiled into Debian's sshd; it refuses to start without it
-
-
-class SshTopology(Topology):
-    """The netns test's bridge topology with an operator namespace and two ssh "hosts"."""
-
-    def __init__(self):
-        super().__init__()
-        self.prefix = f"ss{os.getpid()}"
-        self.bridge = f"{self.prefix}-br"
-        self.ns = {h: f"{self.prefix}-{h}" for h in SSH_HOSTS}
-
-    def address(self, host: str) -> str:
-        return f"{SUBNET}.{SSH_HOSTS[host]}"
-
-
-def _ssh_skip_reason() -> str | None:
-    if not Path(SSHD).exists():
-        return (f"{SSHD} is missing: install the Debian package openssh-server "
-                f"(`apt-get install openssh-server`; ./dev setup does it as root)")
-    for tool in ("ssh", "scp", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is missing: install the Debian package openssh-client"
-    return _skip_reason()
-
-
-class Sshd:
-    """One OpenSSH server per host namespace, keys and client options made here."""
-
-    def __init__(self, topo: SshTopology, base: Path):
-        self.topo, self.dir = topo, base / "ssh"
-        self.user = pwd.getpwuid(os.geteuid()).pw_name
-        self.procs: list[subprocess.Popen] = []
-        self.made_privsep = False
-
-    def keygen(self, path: Path) -> str:
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
-                       check=True, capture_output=True, timeout=30)
-        return path.with_name(path.name + ".pub").read_text().strip()
-
-    def start(self, hosts: list[str]) -> None:
-        self.dir.mkdir(mode=0o700, parents=True)
-        client_pub = self.keygen(self.dir / "id_operator")
-        (self.dir / "authorized_keys").write_text(client_pub + "\n")
-        known = []
-        if not PRIVSEP_DIR.exists():
-            PRIVSEP_DIR.mkdir(mode=0o755)
-            self.made_privsep = True
-        for h in hosts:
-            hdir = self.dir / h
-            hdir.mkdir(mode=0o700)
-            host_pub = self.keygen(hdir / "host_ed25519")
-            known.append(f"{self.topo.address(h)} {host_pub}")
-            cfg = hdir / "sshd_config"
-            cfg.write_text("\n".join([
-                f"ListenAddress {self.topo.address(h)}:22",
-                f"HostKey {hdir / 'host_ed25519'}",
-                f"PidFile {hdir / 'sshd.pid'}",
-                f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
-                "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-                "PermitRootLogin prohibit-password", f"AllowUsers {self.user}", "UsePAM no",
-                "StrictModes no",  # the key files live in pytest's temporary directories
-                "X11Forwarding no", "AllowTcpForwarding no", "PrintMotd no", "LogLevel VERBOSE",
-                "Subsystem sftp /usr/lib/openssh/sftp-server",  # scp speaks SFTP since OpenSSH 9
-            ]) + "\n")
-            log = open(hdir / "sshd.log", "wb")
-            self.procs.append(subprocess.Popen(["ip", "netns", "exec", self.topo.ns[h], SSHD, "-D", "-e",
-                                                "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL))
-            log.close()
-        (self.dir / "known_hosts").write_text("\n".join(known) + "\n")
-        for h in hosts:
-            ok = poll(lambda: self.ssh(h, "true").returncode == 0, timeout=20, interval=0.3)
-            if not ok:
-                r = self.ssh(h, "true")
-                raise AssertionError(f"sshd on {h} does not let the operator in: {r.stderr.strip()}\n"
-                                     f"{(self.dir / h / 'sshd.log').read_text()[-2000:]}")
-
-    def options(self) -> list[str]:
-        """Inventory ssh_options: this test's key, and only the host keys it made."""
-        return [f"IdentityFile={self.dir / 'id_operator'}", "IdentitiesOnly=yes",
-                f"UserKnownHostsFile={self.dir / 'known_hosts'}", "GlobalKnownHostsFile=/dev/null",
-                "StrictHostKeyChecking=yes", "LogLevel=ERROR"]
-
-    def ssh(self, host: str, *argv: str) -> subprocess.CompletedProcess:
-        opts = [x for o in ["BatchMode=yes", "ConnectTimeout=5", *self.options()] for x in ("-o", o)]
-        return self.topo.run("op", "ssh", *opts, f"{self.user}@{self.topo.address(host)}", *argv, timeout=30)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        self.procs.clear()
-        if self.made_privsep:
-            shutil.rmtree(PRIVSEP_DIR, ignore_errors=True)
 
 
 INVENTORY = """\
@@ -194,30 +88,17 @@ levels = {{ S = 1 }}
 
 @pytest.fixture(scope="module")
 def topo():
-    reason = _ssh_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    t = SshTopology()
-    try:
-        t.up()
+    with namespaces("ss", SUBNET, SSH_HOSTS, ssh_skip_reason()) as t:
         yield t
-    finally:
-        t.down()
 
 
 @pytest.fixture(scope="module")
 def env(topo, tmp_path_factory):
     """sshd on m and w, the config, users and inventory; `deploy down` and sshd stopped at the end."""
-    d = tmp_path_factory.mktemp("deploy-ssh")
-    sshd = Sshd(topo, d)
-    info = {"dir": d, "sshd": sshd}
-    try:
-        sshd.start(["m", "w"])
-        cfg = d / "strata.toml"
-        cfg.write_text(BATTLEFIELD_TOML)
-        store = UserStore(load_config(cfg).users_path, load_config(cfg).lattice)
-        store.add("sam", "S", PASSWORD, replace=True, roles=ROLES)
-        tls = _tls_available()
+    with ssh_hosts(topo, tmp_path_factory.mktemp("deploy-ssh"), ["m", "w"]) as info:
+        d, sshd = info["dir"], info["sshd"]
+        cfg = write_config(d, BATTLEFIELD_TOML, {"sam": "S"})
+        tls = tls_available()
         inv = d / "inventory.toml"
         inv.write_text(INVENTORY.format(shared=d / "shared", state=d / "state", python=PY,
                                         tls="true" if tls else "false", user=sshd.user,
@@ -225,39 +106,17 @@ def env(topo, tmp_path_factory):
                                         addr={h: topo.address(h) for h in SSH_HOSTS}))
         info.update(config=cfg, inventory=inv, tls=tls)
         yield info
-    finally:
-        if "inventory" in info:
-            deploy(topo, "down", "--inventory", str(info["inventory"]))
-        sshd.stop()
-
-
-def _tls_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("strata.tls") is not None
-
-
-def deploy(topo, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`strata deploy ...` on the operator's namespace: its ssh reaches the hosts across the bridge."""
-    return topo.run("op", PY, "-m", "strata", "deploy", *args, timeout=timeout)
-
-
-def _client(topo, env, command: list[str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    base = ["--config", str(env["config"]), "--level", "S", "--user", "sam", "--master", env["master"]]
-    if env["tls"]:
-        base += ["--tls-dir", str(env["dir"] / "secrets" / "tls")]
-    return topo.run("op", PY, "-m", "strata", *command, *base, *args, timeout=timeout)
 
 
 def _query_ids(topo, env) -> list[str]:
-    r = _client(topo, env, ["query", "list"], "--format", "json")
+    r = cli_op(topo, env, ["query", "list"], "--format", "json")
     assert r.returncode == 0, r.stderr
     return sorted(json.loads(line)["query"] for line in r.stdout.splitlines() if line.strip())
 
 
 def _up(topo, env, *extra: str) -> dict:
     t0 = time.monotonic()
-    r = deploy(topo, "up", "--inventory", str(env["inventory"]), *extra)
+    r = deploy_op(topo, "up", "--inventory", str(env["inventory"]), *extra)
     assert r.returncode == 0, f"deploy up {' '.join(extra)} failed:\n{r.stderr[-6000:]}"
     for line in r.stderr.splitlines():  # one line per step
         assert line.startswith("[deploy] "), line
@@ -269,40 +128,15 @@ def _up(topo, env, *extra: str) -> dict:
 
 
 def _down(topo, env) -> None:
-    r = deploy(topo, "down", "--inventory", str(env["inventory"]))
+    r = deploy_op(topo, "down", "--inventory", str(env["inventory"]))
     assert r.returncode == 0 and "stopped 2 processes" in r.stderr, r.stderr
     for h in ("m", "w"):  # nothing of ours left on the hosts (the worker's JVM included); sshd stays
-        assert poll(lambda: _ours_left(topo, h) == [], timeout=30), (h, _ours_left(topo, h))
-
-
-def _ours_left(topo, host: str) -> list[str]:
-    """Command lines of what still runs in the host's namespace, its sshd (and sessions) aside."""
-    out = []
-    for pid in (int(x) for x in _ip("netns", "pids", topo.ns[host]).stdout.split()):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if _gone(pid) or cmd[0] == SSHD.encode() or cmd[0].startswith(b"sshd"):
-            continue
-        out.append(b" ".join(cmd).decode(errors="replace")[:200])
-    return out
-
-
-ROWS = [(1, "U", "a", 120.0, 70.0, 80.0), (1, "TS", "a", 200.0, 70.0, 80.0), (2, "S", "b", 130.0, 70.0, 80.0),
-        (2, "C", "a", 110.0, 70.0, 80.0), (3, "TS", "b", 190.0, 70.0, 80.0), (3, "U", "b", 150.0, 70.0, 80.0),
-        (4, "S", "a", 100.0, 70.0, 80.0), (5, "U", "a", 140.0, 70.0, 80.0)]
-HEADER = ["ts", "level", "sid", "bp", "pr", "weight"]
-
-
-def _vitals(path: Path, rows=ROWS) -> Path:
-    path.write_text("\n".join([",".join(HEADER)] + [",".join(map(str, r)) for r in rows]) + "\n")
-    return path
+        assert poll(lambda: ours_left(topo, h) == [], timeout=30), (h, ours_left(topo, h))
 
 
 # ---- the scenario, in order ------------------------------------------------------------------------------
 def test_check_reach_over_ssh(topo, env):
-    r = deploy(topo, "check", "--inventory", str(env["inventory"]), "--reach", "--json")
+    r = deploy_op(topo, "check", "--inventory", str(env["inventory"]), "--reach", "--json")
     assert r.returncode == 0, r.stderr
     hosts = json.loads(r.stdout)["hosts"]
     assert set(hosts) == {"m", "w"} and all(h["executable"] for h in hosts.values())
@@ -329,7 +163,7 @@ def test_up_over_ssh_on_a_shared_file_system(topo, env):
 
 
 def test_status_over_ssh(topo, env):
-    r = deploy(topo, "status", "--inventory", str(env["inventory"]), "--json")
+    r = deploy_op(topo, "status", "--inventory", str(env["inventory"]), "--json")
     assert r.returncode == 0, r.stderr + r.stdout
     st = json.loads(r.stdout)
     assert st["healthy"] and set(st["hosts"]) == {"m", "w"}
@@ -337,20 +171,10 @@ def test_status_over_ssh(topo, env):
 
 
 def test_replay_through_the_master_equals_reference(topo, env, tmp_path):
-    cfg = load_config(env["config"])
-    queries = [("SELECT AVG(bp) FROM Vitals [ROWS 2]", ["double"]),
-               ("SELECT sid, COUNT(*) FROM Vitals [RANGE 2 seconds] GROUP BY sid", ["string", "long"])]
-    args = ["--input", f"Vitals={_vitals(tmp_path / 'vitals.csv')}", "--output", str(tmp_path / "out")]
-    for q, _ in queries:
-        args += ["--query", q]
-    r = _client(topo, env, ["replay"], *args, timeout=180)  # its input is finished afterwards
+    r = cli_op(topo, env, ["replay"], *replay_args(tmp_path), timeout=180)  # its input is finished afterwards
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 above level S dropped" in r.stderr, r.stderr[-1500:]
-    streams = {"Vitals": [dict(zip(HEADER, row)) for row in ROWS]}
-    for i, (q, types) in enumerate(queries, 1):
-        got = _read(tmp_path / "out" / f"q{i}.csv", types)
-        assert got, f"query {i} produced nothing"
-        compare_results(got, evaluate(q, cfg, "S", streams))
+    assert_replay_equals_reference(env["config"], tmp_path / "out")
     env["queries"] = _query_ids(topo, env)
     assert len(env["queries"]) == 2, env["queries"]
 
@@ -362,7 +186,7 @@ def test_down_then_up_restores_the_timeline_on_the_same_address(topo, env, tmp_p
     assert out["workers"]["S"] == env["first"]["workers"]["S"]
     assert "ports kept for restarts" not in out["stderr"] and "new timeline" not in out["stderr"]
     assert _query_ids(topo, env) == env["queries"]  # restored from the master's event log
-    r = _client(topo, env, ["ingest"], "--input", f"Vitals={_vitals(tmp_path / 'more.csv', [(9, 'U', 'c', 1.0, 2.0, 3.0)])}",
+    r = cli_op(topo, env, ["ingest"], "--input", f"Vitals={vitals_csv(tmp_path / 'more.csv', [(9, 'U', 'c', 1.0, 2.0, 3.0)])}",
                 "--labelled")
     assert r.returncode == 2 and "input is finished" in r.stderr, (r.returncode, r.stderr[-1500:])
 
@@ -377,7 +201,7 @@ def test_up_fresh_starts_a_new_timeline(topo, env, tmp_path):
     assert len(old) == 1 and old[0].endswith("Z.old"), old
     assert (env["dir"] / "state" / "m" / "master-S.sqlite").exists()  # the new timeline's log
     assert _query_ids(topo, env) == []
-    r = _client(topo, env, ["ingest"], "--input", f"Vitals={_vitals(tmp_path / 'again.csv')}", "--labelled",
+    r = cli_op(topo, env, ["ingest"], "--input", f"Vitals={vitals_csv(tmp_path / 'again.csv')}", "--labelled",
                 "--finish")
     assert r.returncode == 0, r.stderr[-1500:]
     _down(topo, env)
@@ -460,20 +284,20 @@ def test_systemd_units_restart_on_the_same_address(topo, env):
         for d, host in zip(dropins, ("m", "w")):
             d.mkdir(parents=True, exist_ok=True)
             (d / "netns.conf").write_text(f"[Service]\nNetworkNamespacePath=/run/netns/{topo.ns[host]}\n")
-        r = deploy(topo, "up", "--inventory", str(inv), "--systemd")
+        r = deploy_op(topo, "up", "--inventory", str(inv), "--systemd")
         assert r.returncode == 0, r.stderr[-6000:]
         master = json.loads(r.stdout)["masters"]["S"]
         subprocess.run(["systemctl", "kill", "--signal=KILL", "strata-master@S.service"], check=True, timeout=30)
 
         def healthy_again():
-            s = deploy(topo, "status", "--inventory", str(inv), "--json")
+            s = deploy_op(topo, "status", "--inventory", str(inv), "--json")
             st = json.loads(s.stdout) if s.stdout.strip() else {}
             procs = st.get("hosts", {}).get("m", [])
             return st.get("healthy") and procs and procs[0].get("restarts", 0) >= 1 and procs[0]["address"] == master
 
         assert poll(healthy_again, timeout=120, interval=2), "the master did not come back on its address"
     finally:
-        deploy(topo, "down", "--inventory", str(inv))
+        deploy_op(topo, "down", "--inventory", str(inv))
         for d in dropins:
             shutil.rmtree(d, ignore_errors=True)
         for unit in ("strata-master@.service", "strata-worker@.service", "strata.target"):

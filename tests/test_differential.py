@@ -24,11 +24,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from strata.config import parse_config
 from strata.mlscql import compile_query
 
-from .distributed import run_distributed
-from .reference.evaluator import compare_results, evaluate_outcome
+from .distributed import assert_outcome, draw_case, executors_of, run_distributed
+from .reference.evaluator import compare_results
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of
 
@@ -38,59 +37,22 @@ EXAMPLES, SETTINGS = example_settings("STRATA_DIFF_EXAMPLES", 25)
 #: fraction of examples whose 64-bit values are drawn near the limits
 EXTREMES = 0.4
 
-#: a deployment with 64-bit attributes (the example configs have almost none)
-LEDGER_TOML = """
-[lattice]
-levels = ["U", "C", "S", "TS"]
-
-[streams.Trades]
-acct = "string"
-qty = "long"
-px = "double"
-at = "timestamp"
-
-[streams.Limits]
-acct = "string"
-cap = "long"
-"""
-
-
-@pytest.fixture(scope="module")
-def ledger():
-    return parse_config(LEDGER_TOML)
-
-
-@pytest.fixture(scope="module")
-def engines(spark, battlefield, chinese_wall, ledger):
-    from strata.worker.engine import Engine
-
-    return {id(c): [Engine(spark, c) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
-
 
 def _check(config, engines, data, n_queries, extremes: bool = True):
-    from strata.worker.shared import SharedExecutor
-
-    level = data.draw(st.sampled_from(config.lattice.levels), label="level")
-    texts = [data.draw(queries(config, level, extremes=extremes), label=f"query{i}") for i in range(n_queries)]
-    streams = data.draw(multistream(config, extremes=EXTREMES if extremes else 0.0), label="streams")
+    level, texts, streams = draw_case(data, config, n_queries, EXTREMES if extremes else 0.0)
     k = data.draw(st.integers(1, 3), label="chunk_instants")
     n = data.draw(st.integers(1, 3), label="workers")
     sharing = data.draw(st.booleans(), label="sharing")
     incremental = data.draw(st.booleans(), label="cut incrementally (running states between chunks)")
     rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
     prune = data.draw(st.booleans(), label="prune ROWS windows as on the wire")
-    executors = [SharedExecutor(e, config, enabled=sharing) for e in engines[id(config)][:n]]
-    out = run_distributed(config, level, texts, inputs_of(config, streams), executors, chunk_instants=k,
-                          rnd=rnd, prune=prune, incremental=incremental)
+    out = run_distributed(config, level, texts, inputs_of(config, streams), executors_of(engines, config, n, sharing),
+                          chunk_instants=k, rnd=rnd, prune=prune, incremental=incremental)
     for i, text in enumerate(texts):
-        expected = evaluate_outcome(text, config, level, streams)
         actual = out[f"q{i + 1}"]
+        expected = assert_outcome(text, config, level, streams, actual)
         event("query fails" if expected.error else "query does not fail")
-        assert actual.error_ts == expected.error_ts, (
-            f"{text}: fails at {actual.error_ts} ({actual.error}); "
-            f"the reference fails at {expected.error_ts} ({expected.error})")
         assert (actual.error is None) == (expected.error is None)
-        compare_results(actual.rows, expected.rows)
 
 
 @SETTINGS
@@ -120,8 +82,6 @@ def test_invisible_tuples_change_nothing(ledger, engines, data):
     """Changing, adding or removing tuples a query cannot see changes none of its
     outputs, their levels or their instants (not even when output appears), nor
     whether and when the query fails (invisible values near the limits included)."""
-    from strata.worker.shared import SharedExecutor
-
     level = data.draw(st.sampled_from(ledger.lattice.levels[:-1]), label="level")
     text = data.draw(queries(ledger, level, extremes=True), label="query")
     cq = compile_query(text, ledger, level)
@@ -138,7 +98,7 @@ def test_invisible_tuples_change_nothing(ledger, engines, data):
         extra = [dict(r, level=data.draw(st.sampled_from(hidden_levels))) for r in noise.get(s, [])] if hidden_levels else []
         merged = sorted(keep + extra, key=lambda r: r["ts"])  # stable: visible order kept
         mutated[s] = merged
-    executors = [SharedExecutor(e, ledger) for e in engines[id(ledger)][:2]]
+    executors = executors_of(engines, ledger)
     a = run_distributed(ledger, level, [text], inputs_of(ledger, streams), executors)["q1"]
     b = run_distributed(ledger, level, [text], inputs_of(ledger, mutated), executors)["q1"]
     assert (a.error_ts, a.error) == (b.error_ts, b.error)

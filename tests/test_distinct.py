@@ -23,11 +23,10 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import assert_reference, drawn_run, run_distributed
+from .distributed import assert_reference, drawn_run, executors_of, run_distributed
 from .reference.evaluator import compare_results, evaluate, evaluate_outcome
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of
-from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
 
 EXAMPLES, SETTINGS = example_settings("STRATA_DISTINCT_EXAMPLES", 20)
 
@@ -92,14 +91,12 @@ def test_the_level_of_a_distinct_row_is_the_lub_of_its_rows(battlefield):
 
 
 @pytest.mark.spark
-def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
-    from strata.worker.shared import SharedExecutor
-
+def test_the_example_through_chunks_and_two_workers(battlefield, engines):
     texts = ["RSTREAM(SELECT DISTINCT sid FROM Vitals [RANGE 2 SECONDS])", "SELECT DISTINCT sid FROM Vitals",
              "DSTREAM(SELECT DISTINCT sid FROM Vitals [ROWS 2])",
              # an ISTREAM aggregate over the unbounded window (hypothesis found it classified monotone)
              "SELECT ISTREAM sid, COUNT(*), COUNT(DISTINCT sid) FROM Vitals GROUP BY sid"]
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     for level in ("U", "S"):
         out = run_distributed(battlefield, level, texts, inputs_of(battlefield, {"Vitals": ROWS}), executors,
                               chunk_instants=1, rnd=random.Random(3))
@@ -181,10 +178,8 @@ def test_sum_and_avg_distinct_add_each_value_once(battlefield):
 
 
 @pytest.mark.spark
-def test_distinct_sums_of_longs_through_chunks(chinese_wall, engines):  # noqa: F811
+def test_distinct_sums_of_longs_through_chunks(chinese_wall, engines):
     """SUM(DISTINCT) of a 64-bit attribute is exact, and fails at the instant its sum leaves the range."""
-    from strata.worker.shared import SharedExecutor
-
     base = {"serviceId": "s", "msgType": "m", "sender": "x", "receiver": "y", "outcome": "ok"}
     big = 2**62
     log = [{"ts": 1, "level": "[1,A]", **base, "timestamp": big}, {"ts": 1, "level": "[1,A]", **base, "timestamp": big},
@@ -192,7 +187,7 @@ def test_distinct_sums_of_longs_through_chunks(chinese_wall, engines):  # noqa: 
     texts = ["SELECT SUM(DISTINCT timestamp), AVG(DISTINCT timestamp), COUNT(DISTINCT timestamp) "
              "FROM MessageLog [RANGE 2 SECONDS]"]
     level = "[1,A]"
-    executors = [SharedExecutor(e, chinese_wall) for e in engines[id(chinese_wall)][:2]]
+    executors = executors_of(engines, chinese_wall)
     out = run_distributed(chinese_wall, level, texts, inputs_of(chinese_wall, {"MessageLog": log}), executors,
                           chunk_instants=1, rnd=random.Random(1))
     expected = evaluate_outcome(texts[0], chinese_wall, level, {"MessageLog": log})
@@ -204,7 +199,7 @@ def test_distinct_sums_of_longs_through_chunks(chinese_wall, engines):  # noqa: 
 @pytest.mark.spark
 @SETTINGS
 @given(data=st.data())
-def test_random_distinct_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+def test_random_distinct_queries_equal_reference(battlefield, chinese_wall, engines, data):
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")
     level = data.draw(st.sampled_from(config.lattice.levels), label="level")
     form = data.draw(st.sampled_from([distinct_queries, count_distinct_queries, distinct_grouped_queries]), label="form")

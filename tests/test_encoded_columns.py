@@ -14,9 +14,9 @@ dictionary batch of 200-character strings (~3 MB on the wire) is refused.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -31,10 +31,11 @@ from strata.arrowio import from_ipc, to_ipc
 from strata.config import parse_config
 from strata.edge import EdgeError, conform, logical_nbytes, natural_type, stream_targets
 
+from . import tables
+from .tables import VITALS_TYPES
+
 MiB = 1 << 20
 CAP = 128 * MiB  # 2 * MAX_INGEST_BYTES: what the master passes
-VITALS_TYPES = {"ts": pa.int64(), "level": pa.string(), "sid": pa.string(), "bp": pa.float64(),
-                "pr": pa.float64(), "weight": pa.float64()}
 
 
 def fresh_size(values: list, typ: pa.DataType = pa.string()) -> int:
@@ -385,36 +386,20 @@ class Follower:
 
 
 @pytest.fixture(scope="module")
-def cl(tmp_path_factory):
-    from strata.client import Client
-    from strata.deploy.local import start_cluster, stop_cluster
+def cl(warm_s):
+    """A fresh master of the session's warm S cluster (conftest.py), one query followed."""
+    from .helpers import login
 
-    from .conftest import BATTLEFIELD_TOML
-    from .test_cluster_e2e import PASSWORD, write_config
-
-    d = tmp_path_factory.mktemp("encoded")
-    cfg = write_config(d, BATTLEFIELD_TOML, {"sam": "S"})
-    state = d / "state"
-    started = start_cluster(str(cfg), ["S"], 1, state)
-    try:
-        procs = json.loads((state / "cluster.json").read_text())["processes"]
-        pid = next(p["pid"] for p in procs if p["role"] == "master")
-        c = Client(started["masters"]["S"], tls_dir=started["tls_dir"], level="S", timeout=120)
-        c.login("sam", PASSWORD, "S")
-        follower = Follower(c, c.register([QUERY])[0].query_id)
-        yield {"client": c, "pid": pid, "follower": follower, "clock": iter(range(10, 10**6, 10))}
-        follower.stop()
-        c.close()
-    finally:
-        stop_cluster(state)
+    fresh = warm_s.renew({"sam": "S"})
+    c = login(fresh, "sam", timeout=120)
+    follower = Follower(c, c.register([QUERY])[0].query_id)
+    yield {"client": c, "pid": fresh["pid"], "follower": follower, "clock": iter(range(10, 10**6, 10))}
+    follower.stop()
+    c.close()
 
 
-def vitals(ts: list[int], sid: list | None = None, bp: list | None = None) -> pa.Table:
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": ["S"] * n,
-                     "sid": pa.array(sid if sid is not None else [f"s{t}" for t in ts], pa.string()),
-                     "bp": pa.array(bp if bp is not None else [float(t) for t in ts], pa.float64()),
-                     "pr": [1.0] * n, "weight": [1.0] * n})
+#: this module's Vitals tuples at level S: sid and bp from the instant unless given
+vitals = partial(tables.vitals, sid=lambda i, t: f"s{t}", bp=lambda i, t: float(t))
 
 
 def ipc(table: pa.Table, codec: str | None = "zstd") -> bytes:
@@ -459,7 +444,7 @@ def _accepted_encodings(ts: list[int]):
     """(name, encoded batch, the plain batch it stands for)."""
     sid = [f"sid-{t % 3}" if t % 4 else None for t in ts]
     bp = [float(t % 2) for t in ts]
-    plain = vitals(ts, sid, bp)
+    plain = vitals(ts, sid=sid, bp=bp)
     n = len(ts)
     out = []
 

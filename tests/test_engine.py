@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,6 +14,8 @@ from strata.config import parse_config
 from strata.mlscql import compile_query
 from strata.worker.engine import Engine, EngineError
 
+from . import tables
+
 pytestmark = pytest.mark.spark
 
 VITALS_EXTRA = ("pr", "weight")
@@ -21,19 +24,9 @@ VITALS_EXTRA = ("pr", "weight")
 # -- helpers -------------------------------------------------------------------------
 
 
-def vitals(rows, seq0: int = 1, seqs=None) -> pa.Table:
-    """Vitals tuples from (ts, level, sid, bp[, pr]) rows; ``_seq`` counts from ``seq0``."""
-    n = len(rows)
-    seq = list(seqs) if seqs is not None else list(range(seq0, seq0 + n))
-    return pa.table({
-        "_seq": pa.array(seq, pa.int64()),
-        "ts": pa.array([r[0] for r in rows], pa.int64()),
-        "level": pa.array([r[1] for r in rows], pa.string()),
-        "sid": pa.array([r[2] for r in rows], pa.string()),
-        "bp": pa.array([None if r[3] is None else float(r[3]) for r in rows], pa.float64()),
-        "pr": pa.array([r[4] if len(r) > 4 else None for r in rows], pa.float64()),
-        "weight": pa.array([None] * n, pa.float64()),
-    })
+#: Vitals tuples from (ts, level, sid, bp[, pr]) rows as a chunk carries them: ``_seq`` counting from 1, pr
+#: NULL unless given, weight NULL
+vitals = partial(tables.vitals, pr=None, weight=None, seq=tables.counting(1))
 
 
 def positions(rows, seq0: int = 1) -> pa.Table:
@@ -92,7 +85,7 @@ def test_table_7_2_chunks_on_two_engines(spark, battlefield):
     t = [(1, "U", "AAA", 125), (1, "U", "BBB", 100), (1, "U", "CCC", 150), (2, "U", "DDD", 110), (3, "U", "EEE", 160)]
     r1 = a.run(cq, chunk([vitals(t[:3])], [1], chunk_id=1))
     r2 = b.run(cq, chunk([vitals(t[:4])], [2], prev=1, chunk_id=2))  # legacy AAA, BBB, CCC
-    r3 = a.run(cq, chunk([vitals(t[1:5], seq0=2)], [3], prev=2, chunk_id=3))  # legacy BBB, CCC, DDD
+    r3 = a.run(cq, chunk([vitals(t[1:5], seq=tables.counting(2))], [3], prev=2, chunk_id=3))  # legacy BBB, CCC, DDD
     assert rows_of(r1) == [(1, "U", 125.0)]
     assert rows_of(r2) == [(2, "U", 120.0)]
     assert rows_of(r3) == [(3, "U", 140.0)]
@@ -105,7 +98,7 @@ def test_table_4_2_at_U_ignores_the_TS_tuple(engine, battlefield):
     cq = compile_query("SELECT AVG(bp) FROM Vitals[ROWS 3] WHERE level = U", battlefield, "U")
     assert cq.query.from_[0].window.levels == {"U"}
     # visible substream: the TS tuple is never in a chunk; instant 3 has no visible tuple
-    vis = vitals([(1, "U", "x", 100), (2, "U", "x", 100), (4, "U", "x", 160)], seqs=[1, 2, 4])
+    vis = vitals([(1, "U", "x", 100), (2, "U", "x", 100), (4, "U", "x", 160)], seq=[1, 2, 4])
     assert rows_of(engine.run(cq, chunk([vis], [1, 2, 4]))) == [(1, "U", 100.0), (2, "U", 100.0), (4, "U", 120.0)]
     # the same split over two chunks
     r1 = engine.run(cq, chunk([vis.slice(0, 1)], [1]))

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -30,16 +31,17 @@ from strata.rpc import strata_pb2 as pb
 from strata.arrowio import to_ipc
 from strata.users import UserStore
 
+from . import tables
 from .fakes import Context
+from .helpers import alive
+from .tables import counting, mixed_vitals
 
 QUERIES = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 3] GROUP BY sid", "SELECT COUNT(*) FROM Vitals"]
 P = "pete/run-1"
 
 
-def vitals(ts: list[int], bp: float = 100.0) -> pa.Table:
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": ["S"] * n, "sid": [f"s{t % 3}" for t in ts],
-                     "bp": [bp + i for i in range(n)], "pr": [1.0] * n, "weight": [1.0] * n})
+#: this module's Vitals tuples at level S: sids s0-s2 by the instant, bp 100, 101, ... (test_standby.py too)
+vitals = partial(tables.vitals, sid=lambda i, t: f"s{t % 3}", bp=counting(100.0))
 
 
 def make(tmp_path, cfg, name="m.sqlite"):
@@ -61,7 +63,7 @@ def send(core, seqs, producer=P):
     out = []
     for seq in seqs:
         ts, upto = BATCHES[seq - 1]
-        out.append(core.ingest_batch("Vitals", vitals(ts, 10.0 * seq), None, advance_upto=upto, producer=producer,
+        out.append(core.ingest_batch("Vitals", vitals(ts, bp=counting(10.0 * seq)), None, advance_upto=upto, producer=producer,
                                      seq=seq))
     return out
 
@@ -287,23 +289,6 @@ def test_the_feed_resends_from_the_first_unacknowledged_batch():
 
 
 # ---- through real processes: kill -9 the master mid-ingest -------------------------------------
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except (ProcessLookupError, ChildProcessError):
-        return False
-
-
-def _rows(n_instants: int) -> list[dict]:
-    rows = []
-    for ts in range(1, n_instants + 1):
-        for k in range(4):
-            rows.append({"ts": ts, "level": ["U", "C", "S", "TS"][(ts + k) % 4], "sid": f"s{(ts * 7 + k) % 5}",
-                         "bp": float(90 + (ts * 13 + k * 29) % 90), "pr": 1.0, "weight": 1.0})
-    return rows
-
-
 def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int, kill_at: float,
                                   extra_toml: str = "", checkpointed: bool = False, cli: bool = False):
     """``strata ingest --labelled --finish`` of ``data`` (a CSV) at ``rate`` tuples/s as a subprocess into
@@ -319,7 +304,7 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
 
     from .conftest import BATTLEFIELD_TOML
     from .polling import wait_for
-    from .test_cluster_e2e import PASSWORD, write_config
+    from .helpers import PASSWORD, write_config
 
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + extra_toml, {"ann": "TS"})
     state = tmp_path / "state"
@@ -371,7 +356,7 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
                  f"{kill_at} accepted tuples" + (" and a checkpoint" if checkpointed else ""))
         assert proc.poll() is None, proc.communicate()
         os.kill(master["pid"], signal.SIGKILL)
-        wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
+        wait_for(lambda: not alive(master["pid"]), 10, "the master to die")
         if cli:
             again = subprocess.run([sys.executable, "-m", "strata", "up", "--state-dir", str(state), "--restart",
                                     "master:TS"], capture_output=True, text=True, timeout=300)
@@ -411,7 +396,7 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
     from .tables import rows_of
 
     queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid", "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"]
-    rows = _rows(400)  # 1600 tuples, sent at 400 tuples/s: 4 batches of 100 instants, one a second
+    rows = mixed_vitals(1, 401, 4)  # 1600 tuples, sent at 400 tuples/s: 4 batches of 100 instants, one a second
     data = tmp_path / "vitals.csv"
     with open(data, "w", newline="") as f:
         w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
@@ -440,7 +425,7 @@ def test_strata_up_restart_brings_back_a_killed_master_and_the_ingest_resumes(tm
     from .tables import rows_of
 
     queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid"]
-    rows = _rows(400)
+    rows = mixed_vitals(1, 401, 4)
     data = tmp_path / "vitals.csv"
     with open(data, "w", newline="") as f:
         w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])

@@ -18,7 +18,7 @@ from strata.config import parse_config
 from .conftest import BATTLEFIELD_TOML
 from .reference.evaluator import compare_results, evaluate
 from .tables import collect_in_background
-from .test_cluster_e2e import PASSWORD, write_config
+from .helpers import PASSWORD, write_config
 
 pytestmark = pytest.mark.slow
 

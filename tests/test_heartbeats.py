@@ -360,7 +360,7 @@ def test_dispatcher_refuses_non_finite_and_out_of_range_readings():
 
 def test_dispatch_loop_skips_a_bad_snapshot_entry(battlefield):
     from strata.master.core import MasterCore
-    from strata.master.server import DispatchLoop
+    from strata.master.dispatch_loop import DispatchLoop
 
     class Snap:
         def snapshot(self):  # a value no decoded heartbeat can have, as a buggy member might hand over

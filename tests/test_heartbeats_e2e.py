@@ -17,28 +17,24 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from strata.client import Client
 from strata.deploy.local import restart_process, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.groups import group_spec
-from strata.users import ROLES, UserStore
 from strata.groups.membership import Heartbeat, Identity, receiver, encode_heartbeat, encode_payload, seal
 
 from .conftest import BATTLEFIELD_TOML
+from .helpers import login, write_config
 from .polling import poll, wait_for
 
 pytestmark = pytest.mark.slow
-PASSWORD = "correct horse"
 QUERY = "SELECT AVG(bp) FROM Vitals [ROWS 2]"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("hb-cluster")
-    cfg = d / "strata.toml"
-    cfg.write_text(BATTLEFIELD_TOML)
+    cfg = write_config(d, BATTLEFIELD_TOML, {"sam": "S"})
     config = load_config(cfg)
-    UserStore(config.users_path, config.lattice).add("sam", "S", PASSWORD, replace=True, roles=ROLES)
     state = d / "state"
     # injected readings: worker 0 idle, worker 1 saturated; Algorithm 5 sends worker 1 nothing
     out = start_cluster(str(cfg), ["S"], 2, state,
@@ -52,12 +48,6 @@ def cluster(tmp_path_factory):
 
 def worker(cluster, i):
     return next(p for p in cluster["record"]["processes"] if p["name"] == f"worker-S-{i}")
-
-
-def client(cluster):
-    c = Client(cluster["master"], tls_dir=cluster["tls"], level="S")
-    c.login("sam", PASSWORD, "S")
-    return c
 
 
 def listed(c):
@@ -155,7 +145,7 @@ def batch(first, last):
 
 def test_forgers_replays_and_garbage_change_nothing_in_dispatch(cluster):
     w0, w1 = worker(cluster, 0)["address"], worker(cluster, 1)["address"]
-    with client(cluster) as c:
+    with login(cluster, "sam") as c:
         wait_for(lambda: set(listed(c)) == {w0, w1}, 60, "both workers listed")
         captured = capture(cluster, 12)
         assert len(captured) >= 4
@@ -183,7 +173,7 @@ def test_forgers_replays_and_garbage_change_nothing_in_dispatch(cluster):
 
 def test_a_worker_that_left_is_not_impersonated_and_a_restarted_one_is_proven(cluster):
     w0, w1 = worker(cluster, 0)["address"], worker(cluster, 1)["address"]
-    with client(cluster) as c:
+    with login(cluster, "sam") as c:
         wait_for(lambda: set(listed(c)) == {w0, w1}, 60, "both workers listed")
         captured = [d for d in capture(cluster, 12)]
         os.killpg(worker(cluster, 1)["pid"], signal.SIGKILL)

@@ -4,6 +4,7 @@ decompressed, with one line and nothing applied; everything under the cap round-
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,7 @@ from strata.master.store import MasterStore
 from strata.rpc import strata_pb2 as pb
 from strata.users import UserStore
 
+from . import tables
 from .fakes import Context
 
 MiB = 1 << 20
@@ -41,11 +43,8 @@ def zeros_strings(rows: int, size: int) -> pa.Array:
     return pa.Array.from_buffers(pa.large_string(), rows, [None, offsets, data])
 
 
-def vitals(ts, sid=None) -> pa.Table:
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": ["U"] * n,
-                     "sid": sid if sid is not None else ["a"] * n,
-                     "bp": [1.0] * n, "pr": [1.0] * n, "weight": [1.0] * n})
+#: this module's Vitals tuples: level U, sid "a" unless given, every number 1.0
+vitals = partial(tables.vitals, level="U", bp=1.0)
 
 
 # ---- from_ipc alone ---------------------------------------------------------------------------------

@@ -6,31 +6,29 @@ JSON (through the CLI), every error text, the second producer's ingest and advan
 first producer's replies apart from its own dropped count, and the result streams.  The time at which
 results arrive is compared within a generous tolerance.
 
-One cluster (a master and one Spark worker) serves the module; between runs the master is stopped,
-its state file removed and the master started again on the same address, so every run starts from
-an empty level.  The first run warms the worker up; its answers must also equal the others'.
+The session's warm S cluster (a master and one Spark worker, conftest.py ``warm_s``) serves the module;
+before each run the master is stopped, its state file removed and the master started again on the same
+address (``renew_master``), so every run starts from an empty level.  The first run's answers must also
+equal the others'.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 
 import pyarrow as pa
 import pytest
 
-from strata.client import Client, ClientError
-from strata.deploy.local import restart_process, start_cluster, stop_cluster
+from strata.client import ClientError
+from strata.deploy.local import renew_master
 from strata.config import load_config
 
-from .conftest import BATTLEFIELD_TOML
+from .helpers import login, strata
 from .polling import wait_for
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of
-from .test_cluster_e2e import PASSWORD, strata, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -64,31 +62,6 @@ def table(rows, labelled=True) -> pa.Table:
     return pa.table(cols)
 
 
-def login(cl, user) -> Client:
-    c = Client(cl["master"], tls_dir=cl["tls"], level="S")
-    c.login(user, PASSWORD, "S")
-    return c
-
-
-def fresh_master(cl) -> None:
-    """Stop the master, remove its state, start it again on the same address (an empty level)."""
-    master = next(p for p in json.loads((cl["state"] / "cluster.json").read_text())["processes"]
-                  if p["role"] == "master")
-    os.kill(master["pid"], signal.SIGTERM)
-    wait_for(lambda: _gone(master["pid"]), 30, "the master to stop")
-    for f in cl["state"].glob("master-*.sqlite*"):
-        f.unlink()
-    restart_process(cl["state"], master["name"])
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return os.waitpid(pid, os.WNOHANG) != (0, 0)
-    except (ProcessLookupError, ChildProcessError):
-        return True
-
-
 def attempt(call):
     try:
         out = call()
@@ -115,7 +88,7 @@ def stable(status: dict) -> dict:
 
 def run_scenario(cl, with_ts: bool) -> tuple[dict, dict]:
     """Everything the S sessions receive (``seen``), and when results arrived (``times``)."""
-    fresh_master(cl)
+    renew_master(cl["state"], "S")  # an empty level on the same address
     p1, p2, ana, op = (login(cl, u) for u in ("p1", "p2", "ana", "op"))
     wait_for(lambda: len(op.status().workers) == 1, 30, "the worker to join the restarted master")
     seen: dict = {}
@@ -175,17 +148,10 @@ def run_scenario(cl, with_ts: bool) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("levelsafety")
-    cfg = write_config(d, BATTLEFIELD_TOML, USERS)
-    state = d / "state"
-    started = start_cluster(str(cfg), ["S"], 1, state)
-    cl = {"config": cfg, "state": state, "master": started["masters"]["S"], "tls": started["tls_dir"]}
-    try:
-        out = {"warm": run_scenario(cl, False), "with_ts": run_scenario(cl, True), "without": run_scenario(cl, False)}
-    finally:
-        stop_cluster(state)
-    out["config"] = load_config(cfg)
+def runs(warm_s):
+    cl = warm_s.renew(USERS)
+    out = {"warm": run_scenario(cl, False), "with_ts": run_scenario(cl, True), "without": run_scenario(cl, False)}
+    out["config"] = load_config(cl["config"])
     return out
 
 

@@ -85,6 +85,6 @@ def test_make_load_and_host_reading():
 
 
 def test_config_load_reading_is_validated():
-    assert parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "process"\n').sections["cluster"]
+    assert parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "process"\n').cluster.load_reading == "process"
     with pytest.raises(ConfigError, match=r":\d+: \[cluster\] load_reading: must be \"host\" or \"process\""):
         parse_config(BATTLEFIELD_TOML + '\n[cluster]\nload_reading = "idle"\n')

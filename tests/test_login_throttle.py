@@ -222,7 +222,7 @@ def test_replay_checks_the_password_before_anything_starts_and_throttles(tmp_pat
 
     from strata.examples import BATTLEFIELD_TOML
 
-    from .test_cluster_e2e import PASSWORD, write_config
+    from .helpers import PASSWORD, write_config
 
     cfg = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "S"})
     data = tmp_path / "v.csv"

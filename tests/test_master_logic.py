@@ -162,14 +162,9 @@ from strata.master.pipeline import QueryPipeline
 from strata.master.sessions import RoleError, Sessions
 from strata.users import AuthError, ROLES, UserStore
 
+from .tables import vitals
+
 MAXLONG = 2**63 - 1
-
-
-def _vitals(ts, levels, bp=None):
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": levels, "sid": ["a"] * n,
-                     "bp": bp if bp is not None else [float(i) for i in range(n)], "pr": [1.0] * n,
-                     "weight": [1.0] * n})
 
 
 def _answer(core, cid, error_for=None, error_ts=None, chunk=None):
@@ -220,11 +215,11 @@ def _scenario(battlefield, with_ts: bool):
     ]
     for ts, lv in batches:
         t, x = keep(ts, lv)
-        replies.append(core.ingest("Vitals", _vitals(t, x), None)[0])  # [0]: accepted (dropped is the producer's)
+        replies.append(core.ingest("Vitals", vitals(t, level=x), None)[0])  # [0]: accepted (dropped is the producer's)
     for stream, (ts, lv) in (("Nope", ([9], ["TS"])), ("Vitals", ([3], ["TS"]))):
         t, x = keep(ts, lv)
         try:
-            core.ingest(stream, _vitals(t, x), None)
+            core.ingest(stream, vitals(t, level=x), None)
             replies.append("accepted")
         except (ValueError, ChunkingError) as e:  # an unknown stream; a late TS row is not late for S
             replies.append(str(e))
@@ -262,13 +257,13 @@ def test_nothing_an_s_session_sees_depends_on_ts_rows(battlefield):
 def test_unknown_stream_is_checked_before_the_shepherd(battlefield):
     core = MasterCore(battlefield, "S")
     with pytest.raises(ChunkingError, match="unknown stream 'Nope'"):
-        core.ingest("Nope", _vitals([1, 2], ["TS", "TS"]), None)
+        core.ingest("Nope", vitals([1, 2], level=["TS", "TS"]), None)
     assert core.status()["rejected"] == {"unknown_stream": 1}
 
 
 def test_producer_reply_alone_counts_its_dropped_rows(battlefield):
     core = MasterCore(battlefield, "S")
-    assert core.ingest("Vitals", _vitals([1, 2, 3], ["S", "TS", "U"]), None) == (2, 1)
+    assert core.ingest("Vitals", vitals([1, 2, 3], level=["S", "TS", "U"]), None) == (2, 1)
     st = core.status()
     assert st["counters"]["accepted"] == 2 and "dropped_by_shepherd" not in st["counters"]
     assert st["rejected"] == {} and st["lag_instants"] == 4.0  # latest kept instant 3, nothing released (-1)
@@ -287,7 +282,7 @@ def test_shepherd_runs_outside_the_core_lock(battlefield):
         return real(table)
 
     core.pipeline.shepherd.filter = filter_and_probe
-    core.ingest("Vitals", _vitals([1, 2], ["S", "TS"]), None)
+    core.ingest("Vitals", vitals([1, 2], level=["S", "TS"]), None)
     assert free == [True]
 
 
@@ -295,16 +290,16 @@ def test_limits_look_at_kept_rows_only(battlefield):
     core = MasterCore(battlefield, "S")
     core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 3]"])
     with pytest.raises(Refused, match=r"ts 9223372036854775807 is beyond the largest instant accepted \(9007199254740991"):
-        core.ingest("Vitals", _vitals([1, MAXLONG], ["S", "S"]), None)
+        core.ingest("Vitals", vitals([1, MAXLONG], level=["S", "S"]), None)
     assert core.status()["counters"].get("accepted", 0) == 0  # refused whole
-    assert core.ingest("Vitals", _vitals([1, MAXLONG], ["S", "TS"]), None) == (1, 1)
+    assert core.ingest("Vitals", vitals([1, MAXLONG], level=["S", "TS"]), None) == (1, 1)
     with pytest.raises(Refused, match="advance to 9223372036854775807 refused: at most 3600 instants"):
         core.advance(upto_ts=MAXLONG)
     assert core.advance(upto_ts=3601) == 1  # 1 + 3600
     st = core.status()
     assert st["rejected"] == {"ts_out_of_range": 1, "advance_beyond_horizon": 1}
     with pytest.raises(ChunkingError, match="late tuple"):
-        core.ingest("Vitals", _vitals([5], ["S"]), None)
+        core.ingest("Vitals", vitals([5], level=["S"]), None)
 
 
 def test_kept_rows_are_checked_for_types_and_order(battlefield):
@@ -313,7 +308,7 @@ def test_kept_rows_are_checked_for_types_and_order(battlefield):
                     "pr": [1.0, 1.0], "weight": [1.0, 1.0]})
     assert core.ingest("Vitals", bad, None) == (1, 1)  # the TS row's "high" is nobody's business here
     with pytest.raises(ChunkingError, match="missing columns weight"):  # columns: a property of the batch
-        core.ingest("Vitals", _vitals([3], ["TS"]).drop_columns(["weight"]), None)
+        core.ingest("Vitals", vitals([3], level=["TS"]).drop_columns(["weight"]), None)
 
 
 # ---- failing queries, retry cap, cancel -------------------------------------------------------------
@@ -332,7 +327,7 @@ def test_failed_query_stops_in_chunk_order_others_flow(battlefield, tmp_path):
     core.heartbeat("w1", 5.0)
     bad, good = (i.query_id for i in core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 5]",
                                                             "SELECT COUNT(*) FROM Vitals [ROWS 2]"]))
-    core.ingest("Vitals", _vitals([1, 2, 3, 4, 5], ["S"] * 5), None)
+    core.ingest("Vitals", vitals([1, 2, 3, 4, 5], level=["S"] * 5), None)
     core.advance(upto_ts=5)
     sent = {c.chunk_id: c for c, _ in core.assignments()}
     assert sorted(sent) == [1, 2, 3, 4, 5]
@@ -349,7 +344,7 @@ def test_failed_query_stops_in_chunk_order_others_flow(battlefield, tmp_path):
     assert len(released) == 2 and ended == [bad] and core.end_of(bad) == ("failed", "integer overflow in SUM(n)")
     assert [q["state"] for q in core.status("ana", cluster=False)["queries"]] == ["failed", "running"]
     assert core.status()["counters"]["failed_queries"] == 1
-    core.ingest("Vitals", _vitals([6], ["S"]), None)
+    core.ingest("Vitals", vitals([6], level=["S"]), None)
     core.advance(upto_ts=6)
     assert [qc.query_id for qc in core.pipeline.chunks[6].queries] == [good]  # its branch is not computed
     store.close()
@@ -367,7 +362,7 @@ def test_chunk_retries_are_capped_then_later_chunks_flow(battlefield):
     core.heartbeat("w1", 5.0)
     a = core.register("ana", ["SELECT COUNT(*) FROM Vitals [NOW]"])[0].query_id
     b = core.register("bob", ["SELECT COUNT(*) FROM Vitals [NOW level in {U}]"])[0].query_id
-    core.ingest("Vitals", _vitals([1, 2, 3], ["S", "U", "U"]), None)
+    core.ingest("Vitals", vitals([1, 2, 3], level=["S", "U", "U"]), None)
     core.advance(upto_ts=3)
     assert sorted(c.chunk_id for c, _ in core.assignments()) == [1, 2, 3]
     for cid in (2, 3):
@@ -405,7 +400,7 @@ def test_cancel_own_queries_only_from_the_next_instant_and_after_restart(battlef
     core.heartbeat("w1", 5.0)
     q = core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 3]"])[0].query_id
     other = core.register("bob", ["SELECT COUNT(*) FROM Vitals [ROWS 3]"])[0].query_id
-    core.ingest("Vitals", _vitals([1, 2], ["S", "S"]), None)
+    core.ingest("Vitals", vitals([1, 2], level=["S", "S"]), None)
     core.advance(upto_ts=2)
     with pytest.raises(NotYours, match=f"query {other} is not one of this user's queries"):
         core.cancel("ana", [q, other])
@@ -418,7 +413,7 @@ def test_cancel_own_queries_only_from_the_next_instant_and_after_restart(battlef
     _drain(core)
     assert _results_ts(core, q) == [1, 2] and core.queries[q].ended
     assert core.cancel("ana", [q])[0]["state"] == "cancelled"  # again: nothing changes
-    core.ingest("Vitals", _vitals([3], ["S"]), None)
+    core.ingest("Vitals", vitals([3], level=["S"]), None)
     core.advance(upto_ts=3)
     assert [qc.query_id for qc in core.pipeline.chunks[3].queries] == [other]
     assert core.status()["counters"]["cancelled"] == 1
@@ -473,7 +468,7 @@ def test_owner_of_a_private_master_has_every_role(battlefield, tmp_path):
 
 
 def test_role_changes_apply_to_open_sessions(battlefield, tmp_path):
-    from strata.master.server import UsersWatch
+    from strata.master.users_watch import UsersWatch
 
     users = _users(tmp_path, battlefield, ann=("TS", "analyst"))
     sessions = Sessions(users, "S")
@@ -490,7 +485,7 @@ def test_role_changes_apply_to_open_sessions(battlefield, tmp_path):
 
 
 def test_bad_users_file_entry_means_no_access_and_revocation_keeps_working(battlefield, tmp_path):
-    from strata.master.server import UsersWatch
+    from strata.master.users_watch import UsersWatch
 
     users = _users(tmp_path, battlefield, ann=("TS", "analyst"), bob=("S", "analyst"), cid=("S", "analyst"))
     core = MasterCore(battlefield, "S")
@@ -517,7 +512,7 @@ def test_bad_users_file_entry_means_no_access_and_revocation_keeps_working(battl
 
 
 def test_users_watcher_thread_never_dies(battlefield, tmp_path):
-    from strata.master.server import UsersWatch
+    from strata.master.users_watch import UsersWatch
 
     from .polling import wait_for
 
@@ -556,7 +551,7 @@ def test_results_are_kept_up_to_the_retention_and_a_gap_is_an_error(battlefield)
     slow: dict[str, int] = {}
     first, _ = core.wait_results([q], slow, timeout=0)  # a live subscriber that then stops reading
     assert first == []
-    core.ingest("Vitals", _vitals(list(range(1, 9)), ["S"] * 8), None)
+    core.ingest("Vitals", vitals(list(range(1, 9)), level=["S"] * 8), None)
     core.advance(upto_ts=8)
     _drain(core)
     kept = core.queries[q].results
@@ -582,7 +577,7 @@ def test_results_are_kept_up_to_a_number_of_results_too(battlefield):
     core = MasterCore(cfg, "S", max_in_flight=10)
     core.heartbeat("w1", 5.0)
     q = core.register("ana", ["SELECT COUNT(*) FROM Vitals [ROWS 5]"])[0].query_id
-    core.ingest("Vitals", _vitals(list(range(1, 9)), ["S"] * 8), None)
+    core.ingest("Vitals", vitals(list(range(1, 9)), level=["S"] * 8), None)
     core.advance(upto_ts=8)
     _drain(core)
     assert [r.last_ts for r in core.queries[q].results] == [7, 8] and core.queries[q].kept_rows == 2

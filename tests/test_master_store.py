@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -18,16 +19,13 @@ from strata.master.sessions import Sessions
 from strata.master.store import MasterStore, StateMismatch, config_fingerprint, token_digest
 from strata.users import AuthError, UserStore
 
+from .tables import two_per_instant
+
 QUERIES = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 3] GROUP BY sid", "SELECT COUNT(*) FROM Vitals"]
 MARKER = 987654.25  # a TS tuple's value that must never reach the S master's disk
 
-
-def vitals(ts0: int, n: int) -> pa.Table:
-    lv = ["U", "C", "S", "TS"]
-    return pa.table({"ts": [ts0 + i // 2 for i in range(n)], "level": [lv[i % 4] for i in range(n)],
-                     "sid": [f"s{i % 3}" for i in range(n)],
-                     "bp": [MARKER if lv[i % 4] == "TS" else float(100 + i) for i in range(n)],
-                     "pr": [1.0] * n, "weight": [1.0] * n})
+#: ``vitals(ts0, n)``: ``n`` tuples, two per instant from ``ts0``, levels U, C, S, TS in turn; the TS ones carry MARKER
+vitals = partial(two_per_instant, bp=lambda i, t: MARKER if i % 4 == 3 else float(100 + i))
 
 
 def make(tmp_path, cfg, level="S"):
@@ -183,7 +181,7 @@ def test_revocation_stops_only_that_users_queries_and_survives_restart(tmp_path)
 def test_logout_ends_sessions_not_queries_and_survives_restart(tmp_path):
     """``strata users logout``: every session the user had ends (also after a master restart),
     the user's queries keep running, a new login works; other users are untouched."""
-    from strata.master.server import UsersWatch
+    from strata.master.users_watch import UsersWatch
 
     cfg = parse_config(BATTLEFIELD_TOML)
     users = UserStore(tmp_path / "users.json", cfg.lattice)
@@ -232,7 +230,7 @@ def test_replaced_password_ends_old_sessions(tmp_path):
     sessions = Sessions(users, "S", wall=lambda: 0.0)  # opened "long ago"
     token = sessions.login("ann", "old pw", "S").token
     users.add("ann", "TS", "new pw", replace=True)
-    from strata.master.server import UsersWatch
+    from strata.master.users_watch import UsersWatch
 
     UsersWatch(MasterCore(cfg, "S"), sessions, users).check()
     with pytest.raises(AuthError):

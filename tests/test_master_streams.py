@@ -12,6 +12,7 @@ import asyncio
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import grpc
 import pyarrow as pa
@@ -19,24 +20,24 @@ import pytest
 
 from strata.arrowio import from_ipc, to_ipc
 from strata.chunking.model import ChunkResult
-from strata.client import Client
 from strata.master.core import MasterCore
-from strata.master.server import MasterServer, MasterServicer, StreamLimits
+from strata.master.aio_server import MasterServer
+from strata.master.server import MasterServicer
+from strata.master.sessions import StreamLimits
 from strata.master.sessions import Sessions
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.users import UserStore
 
+from . import helpers, tables
 from .polling import wait_for
 
 PW = "pw-streams"
 QUERY = "SELECT COUNT(*) FROM Vitals"
 
 
-def vitals(ts: list[int]) -> pa.Table:
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": ["S"] * n, "sid": ["a"] * n,
-                     "bp": [100.0] * n, "pr": [1.0] * n, "weight": [1.0] * n})
+#: this module's Vitals tuples: level S, sid "a", bp 100.0
+vitals = partial(tables.vitals, bp=100.0)
 
 
 class FakeWorker:
@@ -87,10 +88,8 @@ def master(tmp_path, cfg, users: dict[str, str], limits: StreamLimits | None = N
         server.stop(0)
 
 
-def login(address: str, user: str) -> Client:
-    c = Client(address, timeout=10)
-    c.login(user, PW, "S")
-    return c
+#: a plaintext session at level S on the in-process master at ``address``
+login = partial(helpers.login, password=PW, timeout=10)
 
 
 def timed(fn):

@@ -108,7 +108,7 @@ def test_a_masters_log_has_no_repeated_warning_after_100_heartbeats(tmp_path):
     from strata.deploy.local import start_cluster, stop_cluster
 
     from .conftest import BATTLEFIELD_TOML
-    from .test_cluster_e2e import write_config
+    from .helpers import write_config
 
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + "\n[cluster]\nheartbeat_seconds = 0.02\n", {"ann": "S"})
     state = tmp_path / "state"

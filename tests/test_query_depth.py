@@ -23,6 +23,7 @@ from strata.mlscql import LimitError, QueryError, compile_query, parse
 from strata.mlscql.limits import MAX_ARITH_DEPTH, MAX_EXPR_DEPTH, MAX_NESTING, MAX_QUERY_CHARS
 
 from .conftest import BATTLEFIELD_TOML
+from .helpers import login
 
 NEST, DEPTH, ARITH = MAX_NESTING, MAX_EXPR_DEPTH, MAX_ARITH_DEPTH
 NEST_MSG = "query nests SELECTs {n} deep (subqueries in FROM, set operations and parenthesized queries; at most " \
@@ -344,7 +345,8 @@ def test_a_master_answers_a_query_past_a_limit_or_a_failing_compile_with_one_lin
 
     from strata.client import Client, ClientError, QueryRejected
     from strata.master.core import MasterCore
-    from strata.master.server import MasterServer, MasterServicer
+    from strata.master.aio_server import MasterServer
+    from strata.master.server import MasterServicer
     from strata.master.sessions import Sessions
     from strata.users import UserStore
 
@@ -383,14 +385,14 @@ def test_a_master_answers_a_query_past_a_limit_or_a_failing_compile_with_one_lin
             with pytest.raises(ClientError) as e:
                 c.register(["SELECT bp FROM Vitals"])
         assert e.value.code == grpc.StatusCode.INTERNAL.name, e.value
-        assert e.value.details == "master error while registering: RuntimeError: boom", e.value.details
+        assert e.value.details == "master error while registering: RuntimeError: boom second line", e.value.details
         assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1  # logged once
         monkeypatch.setattr(server.servicer, "Status", lambda request, context: broken())
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="strata.master"):
             with pytest.raises(ClientError) as e:
                 c.status()
-        assert e.value.code == "INTERNAL" and e.value.details == "master error in Status: RuntimeError: boom"
+        assert e.value.code == "INTERNAL" and e.value.details == "master error in Status: RuntimeError: boom second line"
         assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
         monkeypatch.undo()
         assert [q.query_id for q in c.status().queries] == [ok.query_id]  # the master goes on
@@ -456,7 +458,7 @@ def cl(tmp_path_factory):
 
     from strata.deploy.local import start_cluster, stop_cluster
 
-    from .test_cluster_e2e import write_config
+    from .helpers import write_config
 
     d = tmp_path_factory.mktemp("depth")
     cfg = write_config(d, CLUSTER_CONFIG, {"ana": ("S", "analyst"), "carl": ("S", "analyst"),
@@ -473,16 +475,6 @@ def fresh(cl, n: int) -> list[int]:
     start = next(cl["clock"])
     assert n <= 20
     return list(range(start, start + n))
-
-
-def login(cl, user: str):
-    from strata.client import Client
-
-    from .test_cluster_e2e import PASSWORD
-
-    c = Client(cl["master"], tls_dir=cl["tls"], level="S")
-    c.login(user, PASSWORD, "S")
-    return c
 
 
 def one_error_line(r, fragment: str) -> str:
@@ -528,7 +520,7 @@ def test_past_a_limit_through_a_master_is_one_line_and_the_master_goes_on(cl):
 
     from .reference.evaluator import compare_results, evaluate
     from .polling import wait_for
-    from .test_cluster_e2e import strata
+    from .helpers import strata
 
     cfg = parse_config(CLUSTER_CONFIG)
     ts = fresh(cl, 6)
@@ -592,7 +584,7 @@ def test_at_the_limits_through_a_master_equals_the_reference(cl):
 
 @pytest.mark.slow
 def test_replay_refuses_a_query_past_a_limit_before_its_cluster_starts(tmp_path, cl):
-    from .test_cluster_e2e import strata, write_config, write_csv
+    from .helpers import strata, write_config, write_csv
 
     cfg_path = write_config(tmp_path, CLUSTER_CONFIG, {"ann": "S"})
     f = tmp_path / "c.csv"

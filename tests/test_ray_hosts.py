@@ -1,6 +1,6 @@
 """`strata scale` on a level's Ray cluster that spans two "hosts" (network namespaces).
 
-Topology (the Topology helper of tests/test_deploy_netns.py, with other hosts):
+Topology (tests/netns_hosts.py's Topology):
 
     bridge namespace  sr<pid>-br : br0 (multicast snooping off), one veth per host
     a  10.79.0.2   the S master and its first worker (`strata deploy`, transport netns);
@@ -23,7 +23,7 @@ way: every Ray listener on both hosts is on its host's address (never 0.0.0.0: t
 shim), and the head's GCS refuses a peer without a certificate of the level's Ray CA, one
 with another level's CA, and a call without the level's token.
 
-Skips where namespaces cannot be created (as tests/test_deploy_netns.py) and -- with the
+Skips where namespaces cannot be created (as tests/test_deploy_netns.py does) and -- with the
 measured reason -- when Ray itself does not start within its fixed time-outs on a busy host.
 That test is marked netns, slow and ray; the unit tests after it (command lines, ports,
 certificates, the bind shim, a pool worker's command on its node) are not.
@@ -44,10 +44,10 @@ import pytest
 
 from strata.config import load_config
 from strata.examples import BATTLEFIELD_TOML
-from strata.users import ROLES, UserStore
 
 from .reference.evaluator import compare_results, evaluate
-from .test_deploy_netns import PASSWORD, Topology, _gone, _ip, _skip_reason, deploy
+from .helpers import PASSWORD, add_users, gone
+from .netns_hosts import deploy, namespaces, skip_reason
 
 
 SUBNET = "10.79.0"
@@ -196,20 +196,6 @@ print(json.dumps({"no certificate": call(None, None, True), "another level's CA"
 """
 
 
-class RayTopology(Topology):
-    def __init__(self):
-        super().__init__()
-        self.prefix = f"sr{os.getpid()}"
-        self.bridge = f"{self.prefix}-br"
-        self.ns = {h: f"{self.prefix}-{h}" for h in RAY_HOSTS}
-
-    def address(self, host: str) -> str:
-        return f"{SUBNET}.{RAY_HOSTS[host]}"
-
-    def pids(self, host: str) -> set[int]:
-        return {int(x) for x in _ip("netns", "pids", self.ns[host], check=False).stdout.split()}
-
-
 def _ray_skip_reason() -> str | None:
     import importlib.util
 
@@ -220,15 +206,8 @@ def _ray_skip_reason() -> str | None:
 
 @pytest.fixture(scope="module")
 def topo():
-    reason = _skip_reason() or _ray_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    t = RayTopology()
-    try:
-        t.up()
+    with namespaces("sr", SUBNET, RAY_HOSTS, skip_reason() or _ray_skip_reason()) as t:
         yield t
-    finally:
-        t.down()
 
 
 def _tree(pid: int) -> set[int]:
@@ -304,7 +283,7 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
     cfg_path = d / "strata.toml"
     cfg_path.write_text(CONFIG + (JOIN if mode == "join" else ""))
     cfg = load_config(cfg_path)
-    UserStore(cfg.users_path, cfg.lattice).add("sam", "S", PASSWORD, replace=True, roles=ROLES)
+    add_users(cfg_path, {"sam": "S"})
     import importlib.util
 
     tls = importlib.util.find_spec("strata.tls") is not None
@@ -496,9 +475,9 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
         assert "decision +1" in text and "behind" in text and f"draining {new_sid}" in text and "decision -1" in text
         assert f"Ray node {b_ip} up" in text
         t0 = time.monotonic()
-        while [p for p in worker_tree if not _gone(p)] and time.monotonic() - t0 < 60:
+        while [p for p in worker_tree if not gone(p)] and time.monotonic() - t0 < 60:
             time.sleep(0.5)
-        assert not [p for p in worker_tree if not _gone(p)], "the drained worker on b still runs"
+        assert not [p for p in worker_tree if not gone(p)], "the drained worker on b still runs"
         assert phases["finished"]["ended"]
 
         res = json.loads((work / "results.json").read_text())
@@ -532,7 +511,7 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
     assert "Ray cluster of level S stopped" in logs["scaler"].read_text()
     assert not (state / "a" / "run" / "scaler-S.json").exists()
     assert not (state / "b" / "run" / "ray-node-S.json").exists()
-    left = [p for p in seen_b if not _gone(p)]
+    left = [p for p in seen_b if not gone(p)]
     assert not left and topo.pids("b") == set(), (left, topo.pids("b"))
     t0 = time.monotonic()  # and after `deploy down`, nothing on host a either
     while topo.pids("a") and time.monotonic() - t0 < 30:

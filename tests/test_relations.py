@@ -277,7 +277,7 @@ def test_relations_through_master_restarts_equal_reference(logistics, rel_engine
 
 @pytest.mark.slow
 def test_replay_with_a_relation_equals_the_reference(tmp_path, logistics):
-    from .test_cluster_e2e import strata, write_config, write_csv
+    from .helpers import strata, write_config, write_csv
 
     cfg_path = write_config(tmp_path, LOGISTICS_TOML, {"ann": "TS"})
     rnd = random.Random(3)

@@ -13,16 +13,15 @@ import threading
 import pyarrow as pa
 import pytest
 
-from strata.client import Client
 from strata.deploy.local import restart_process, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.users import UserStore
 
 from .conftest import BATTLEFIELD_TOML
+from .helpers import alive, login, write_config
 from .polling import wait_for
 from .reference.evaluator import compare_results, evaluate
-from .tables import rows_of
-from .test_cluster_e2e import PASSWORD, write_config
+from .tables import mixed_vitals, rows_of
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +31,6 @@ QUERIES = [
 ]
 
 
-def vitals(lo: int, hi: int) -> list[dict]:
-    rows = []
-    for ts in range(lo, hi):
-        for k in range(3):
-            rows.append({"ts": ts, "level": ["U", "C", "S", "TS"][(ts + k) % 4], "sid": f"s{(ts * 7 + k) % 5}",
-                         "bp": float(90 + (ts * 13 + k * 29) % 90), "pr": 1.0, "weight": 1.0})
-    return rows
-
-
 def test_master_restart_mid_stream_resumes_exactly_once(tmp_path):
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
     state = tmp_path / "state"
@@ -48,8 +38,7 @@ def test_master_restart_mid_stream_resumes_exactly_once(tmp_path):
     try:
         master = next(p for p in json.loads((state / "cluster.json").read_text())["processes"]
                       if p["role"] == "master")
-        c = Client(started["masters"]["TS"], tls_dir=started["tls_dir"], level="TS")
-        c.login("ann", PASSWORD, "TS")
+        c = login(started, "ann", "TS")
         regs = c.register(QUERIES)
         got = {r.query_id: [] for r in regs}
         reconnects = []
@@ -66,12 +55,12 @@ def test_master_restart_mid_stream_resumes_exactly_once(tmp_path):
             done.set()
 
         threading.Thread(target=collect, daemon=True).start()
-        first, second = vitals(1, 21), vitals(21, 41)
+        first, second = mixed_vitals(1, 21, 3), mixed_vitals(21, 41, 3)
         c.ingest([("Vitals", pa.Table.from_pylist(first))], labelled=True)
         c.advance(upto_ts=20)
         wait_for(lambda: sum(map(len, got.values())) > 0, 120, "results before the restart")
         os.kill(master["pid"], signal.SIGKILL)  # no chance to flush anything
-        wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
+        wait_for(lambda: not alive(master["pid"]), 10, "the master to die")
         restart_process(state, master["name"])
         c.wait_ready(30)
         # the same session token still works: the master persisted (its digest)
@@ -89,27 +78,17 @@ def test_master_restart_mid_stream_resumes_exactly_once(tmp_path):
         stop_cluster(state)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except (ProcessLookupError, ChildProcessError):
-        return False
-
-
-def test_revoking_one_of_two_users_of_a_shared_query(tmp_path):
+def test_revoking_one_of_two_users_of_a_shared_query(warm_s):
     """ann and bob run the same query; ann's clearance drops below S mid-stream: bob's output still
-    equals the reference, ann receives nothing after the revocation and her stream ends with an error."""
-    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS", "bob": "S"})
-    cfg = load_config(cfg_path)
-    state = tmp_path / "state"
-    started = start_cluster(str(cfg_path), ["S"], 1, state)
+    equals the reference, ann receives nothing after the revocation and her stream ends with an error.
+    (A fresh master of the session's warm S cluster.)"""
+    started = warm_s.renew({"ann": "TS", "bob": "S"})
+    cfg = load_config(started["config"])
     try:
         clients, got, errors, ended = {}, {}, {}, {}
         q = QUERIES[0]
         for user in ("ann", "bob"):
-            c = Client(started["masters"]["S"], tls_dir=started["tls_dir"], level="S")
-            c.login(user, PASSWORD, "S")
+            c = login(started, user)
             qid = c.register([q])[0].query_id
             clients[user], got[user], ended[user] = c, [], threading.Event()
 
@@ -124,7 +103,7 @@ def test_revoking_one_of_two_users_of_a_shared_query(tmp_path):
 
             threading.Thread(target=collect, daemon=True).start()
         bob = clients["bob"]
-        first, second = vitals(1, 16), vitals(16, 31)
+        first, second = mixed_vitals(1, 16, 3), mixed_vitals(16, 31, 3)
         bob.ingest([("Vitals", pa.Table.from_pylist(first))], labelled=True)
         bob.advance(upto_ts=15)
         wait_for(lambda: got["ann"] and max(r[0] for r in got["ann"]) == 15, 120, "ann's results up to 15")
@@ -144,7 +123,6 @@ def test_revoking_one_of_two_users_of_a_shared_query(tmp_path):
         assert st.counters["revocations"] == 1 and st.counters["queries"] == 1
         with pytest.raises(Exception, match="UNAUTHENTICATED"):
             clients["ann"].register([q])  # her token is gone
+    finally:
         for c in clients.values():
             c.close()
-    finally:
-        stop_cluster(state)

@@ -15,19 +15,21 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 
 import pyarrow as pa
 import pytest
 
-from strata.client import Client, PermissionDenied, SessionEnded
+from strata.client import PermissionDenied, SessionEnded
 from strata.deploy.local import restart_process, start_cluster, stop_cluster
 from strata.config import load_config
 
+from . import tables
 from .conftest import BATTLEFIELD_TOML
 from .polling import poll, wait_for
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of
-from .test_cluster_e2e import PASSWORD, strata, write_config, write_csv
+from .helpers import PASSWORD, gone, login, strata, write_config, write_csv
 
 pytestmark = pytest.mark.slow
 
@@ -68,12 +70,6 @@ def users_cli(cl, *args: str):
     return strata("users", args[0], "--config", str(cl["config"]), *args[1:])
 
 
-def login(cl, user: str) -> Client:
-    c = Client(cl["master"], tls_dir=cl["tls"], level="S")
-    c.login(user, PASSWORD, "S")
-    return c
-
-
 def one_error_line(r, fragment: str) -> str:
     """The command failed with exactly one error line (``strata: ...``) holding ``fragment``."""
     assert "Traceback" not in r.stderr, r.stderr
@@ -82,10 +78,8 @@ def one_error_line(r, fragment: str) -> str:
     return errors[0]
 
 
-def vitals(ts: list[int], level="S") -> pa.Table:
-    n = len(ts)
-    return pa.table({"ts": pa.array(ts, pa.int64()), "level": [level] * n, "sid": ["a"] * n,
-                     "bp": [100.0 + t for t in ts], "pr": [1.0] * n, "weight": [1.0] * n})
+#: this module's Vitals tuples: level S, sid "a", bp 100 + the instant
+vitals = partial(tables.vitals, bp=lambda i, t: 100.0 + t)
 
 
 def operator_status(cl) -> dict:
@@ -363,7 +357,7 @@ def test_cancel_through_the_cli_survives_a_master_restart(cl):
         master = next(p for p in json.loads((cl["state"] / "cluster.json").read_text())["processes"]
                       if p["role"] == "master")
         os.kill(master["pid"], signal.SIGKILL)
-        wait_for(lambda: _gone(master["pid"]), 10, "the master to die")
+        wait_for(lambda: gone(master["pid"]), 10, "the master to die")
         restart_process(cl["state"], master["name"])
         r = cli(cl, "ana", "query", "list", "--format", "json")
         assert r.returncode == 0, r.stderr
@@ -374,11 +368,3 @@ def test_cancel_through_the_cli_survives_a_master_restart(cl):
         if follower.poll() is None:
             follower.kill()
         follower.wait()
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return os.waitpid(pid, os.WNOHANG) != (0, 0)
-    except (ProcessLookupError, ChildProcessError):
-        return True

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from strata.deploy.scaler_policy import Decision, Observation, PolicySettings, ScalingPolicy, WorkerObs
 
+from .helpers import alive
 from .polling import poll
 
 
@@ -306,18 +307,6 @@ FAKE_WORKER = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _poll(pred, timeout=30.0, interval=0.05):
     return poll(pred, timeout, interval)
 
@@ -339,7 +328,7 @@ def test_worker_process_spawn_poll_stop(tmp_path, hang):
     t0 = time.monotonic()
     res = wp.stop(grace=1.0)
     assert res["forced"] is hang and (time.monotonic() - t0) < 12
-    assert not _alive(pid) and _poll(lambda: not _alive(child), 10)  # the process group goes too
+    assert not alive(pid) and _poll(lambda: not alive(child), 10)  # the process group goes too
     assert not ready.exists()
 
 
@@ -360,12 +349,12 @@ def test_worker_dies_with_its_actor_process(tmp_path):
         assert _poll(lambda: ready.exists())
         owner.kill()
         owner.wait(10)
-        assert _poll(lambda: not _alive(pid), 10), "worker outlived its actor"
+        assert _poll(lambda: not alive(pid), 10), "worker outlived its actor"
     finally:
         owner.kill()
         child = json.loads(ready.read_text())["child"] if ready.exists() else None
         for p in (pid, child):
-            if p and _alive(p):
+            if p and alive(p):
                 os.kill(p, signal.SIGKILL)
 
 
@@ -423,7 +412,7 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
     from strata.deploy.local import start_cluster, stop_cluster
     from strata.examples import BATTLEFIELD_TOML
 
-    from .test_cluster_e2e import PASSWORD, write_config
+    from .helpers import PASSWORD, write_config
 
     cfg = write_config(tmp_path, BATTLEFIELD_TOML, {"ops": "S"})
     state = tmp_path / "state"
@@ -510,7 +499,7 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
         marks["scaled worker drained"] = time.monotonic() - t_start
         assert [w.sid for w in c.status().workers] == first, log.read_text()[-3000:]
         assert f"draining {new_sid}" in log.read_text() and "decision -1" in log.read_text()
-        assert _poll(lambda: not [p for p in mine[0]["tree"] if _alive(p)], 30), "drained worker still running"
+        assert _poll(lambda: not [p for p in mine[0]["tree"] if alive(p)], 30), "drained worker still running"
         c.close()
     finally:
         if scaler is not None:
@@ -528,7 +517,7 @@ def test_scaler_adds_a_worker_under_backlog_and_cleans_up(tmp_path):
                 pytest.fail("scaler did not stop within 90 s")
         stop_cluster(state)
     marks["scaler stopped"] = time.monotonic() - t_start
-    left = _poll(lambda: not [p for p in seen if _alive(p)], 20) or [p for p in seen if _alive(p)]
+    left = _poll(lambda: not [p for p in seen if alive(p)], 20) or [p for p in seen if alive(p)]
     if left is not True:
         for pid in left:  # leave nothing running, then fail
             try:

@@ -17,27 +17,22 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import assert_reference, check_examples, drawn_run, run_distributed
+from .distributed import assert_reference, check_examples, drawn_run, executors_of, run_distributed
 from .reference.evaluator import compare_results, evaluate, evaluate_outcome
 from .strategies import compound_queries, example_settings, multistream
-from .tables import inputs_of
-from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
+from .tables import inputs_of, vital
 
 EXAMPLES, SETTINGS = example_settings("STRATA_SETOPS_EXAMPLES", 25)
-
-
-def _v(ts, level, sid, bp):
-    return {"ts": ts, "level": level, "sid": sid, "bp": float(bp), "pr": 1.0, "weight": 1.0}
 
 
 def _p(ts, level, sid):
     return {"ts": ts, "level": level, "sid": sid, "lat": 1.0, "lon": "x"}
 
 
-VITALS = [_v(1, "U", "a", 10), _v(2, "C", "b", 20), _v(3, "U", "a", 30), _v(4, "S", "c", 40)]
+VITALS = [vital(1, "U", "a", 10), vital(2, "C", "b", 20), vital(3, "U", "a", 30), vital(4, "S", "c", 40)]
 POSITIONS = [_p(2, "U", "a"), _p(3, "S", "b")]
 #: what a U session must not notice: tuples above U in both streams
-ABOVE = {"Vitals": [_v(2, "TS", "a", 99), _v(5, "S", "z", 1)], "Positions": [_p(1, "C", "a"), _p(6, "TS", "q")]}
+ABOVE = {"Vitals": [vital(2, "TS", "a", 99), vital(5, "S", "z", 1)], "Positions": [_p(1, "C", "a"), _p(6, "TS", "q")]}
 
 UNION = "SELECT sid FROM Vitals [ROWS 2] UNION SELECT sid FROM Positions [ROWS 1]"
 ALL = "RSTREAM(SELECT sid FROM Vitals [ROWS 2] UNION ALL SELECT sid FROM Positions [ROWS 1])"
@@ -129,31 +124,27 @@ def test_intersect_binds_tighter_and_parentheses_group(battlefield):
 
 
 @pytest.mark.spark
-def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
+def test_the_examples_through_chunks_and_two_workers(battlefield, engines):
     """Every example at U and S through chunks of 1-3 instants on two workers equals the reference,
     and a U session's output is the same with and without the tuples above U."""
-    from strata.worker.shared import SharedExecutor
-
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     check_examples(battlefield, TEXTS, {"Vitals": VITALS, "Positions": POSITIONS}, ABOVE, executors, incremental=(2,))
 
 
 def test_a_failing_select_fails_the_compound_query_at_its_instant(battlefield):
-    rows = [_v(1, "U", "a", 1), _v(2, "U", "b", 2)]
+    rows = [vital(1, "U", "a", 1), vital(2, "U", "b", 2)]
     text = "SELECT sid FROM Vitals [NOW] UNION SELECT sid FROM Vitals [NOW] WHERE ts * 4611686018427387904 > 0"
     out = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
     assert out.error_ts == 2 and out.rows == [(1, "U", "a")]
 
 
 @pytest.mark.spark
-def test_a_failing_select_fails_the_distributed_query_too(battlefield, engines):  # noqa: F811
-    from strata.worker.shared import SharedExecutor
-
-    rows = [_v(1, "U", "a", 1), _v(2, "U", "b", 2), _v(3, "U", "c", 3)]
+def test_a_failing_select_fails_the_distributed_query_too(battlefield, engines):
+    rows = [vital(1, "U", "a", 1), vital(2, "U", "b", 2), vital(3, "U", "c", 3)]
     text = "SELECT sid FROM Vitals [NOW] EXCEPT SELECT sid FROM Vitals [NOW] WHERE ts * 4611686018427387904 > 0"
     exp = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
     assert exp.error_ts == 2
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     for k in (1, 3):
         out = run_distributed(battlefield, "S", [text], inputs_of(battlefield, {"Vitals": rows}), executors,
                               chunk_instants=k)
@@ -164,7 +155,7 @@ def test_a_failing_select_fails_the_distributed_query_too(battlefield, engines):
 @pytest.mark.spark
 @SETTINGS
 @given(data=st.data())
-def test_random_compound_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+def test_random_compound_queries_equal_reference(battlefield, chinese_wall, engines, data):
     """Random UNION / UNION ALL / EXCEPT queries through chunks of random length, several workers,
     sharing on or off, states carried between chunks or not, against the reference."""
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")

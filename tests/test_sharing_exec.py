@@ -174,7 +174,9 @@ def test_worker_core_shares_after_decoding(engine_of, battlefield):
 def test_config_switch(battlefield, engine_of):
     import dataclasses
 
-    off = dataclasses.replace(battlefield, sections={"sharing": {"enabled": False}})
+    from strata.config import SharingSettings
+
+    off = dataclasses.replace(battlefield, sharing=SharingSettings(enabled=False))
     assert SharedExecutor(engine_of(battlefield), off).enabled is False
     assert SharedExecutor(engine_of(battlefield), battlefield).enabled is True
 

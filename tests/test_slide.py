@@ -16,21 +16,16 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import assert_reference, drawn_run, run_distributed
+from .distributed import assert_reference, drawn_run, executors_of, run_distributed
 from .reference.evaluator import evaluate
 from .strategies import example_settings, multistream, queries
-from .tables import inputs_of
-from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
+from .tables import inputs_of, vital
 
 EXAMPLES, SETTINGS = example_settings("STRATA_SLIDE_EXAMPLES", 25)
 
 
-def _row(ts, level, sid, bp):
-    return {"ts": ts, "level": level, "sid": sid, "bp": float(bp), "pr": 1.0, "weight": 1.0}
-
-
-ROWS = [_row(1, "U", "a", 10), _row(2, "C", "a", 20), _row(3, "U", "b", 30), _row(4, "S", "a", 40),
-        _row(5, "U", "a", 50), _row(6, "U", "b", 60), _row(7, "C", "a", 70)]
+ROWS = [vital(1, "U", "a", 10), vital(2, "C", "a", 20), vital(3, "U", "b", 30), vital(4, "S", "a", 40),
+        vital(5, "U", "a", 50), vital(6, "U", "b", 60), vital(7, "C", "a", 70)]
 
 
 def test_slide_parses_prints_back_and_explains(battlefield):
@@ -69,14 +64,12 @@ def test_the_window_is_the_range_window_at_the_last_boundary(battlefield):
 
 
 @pytest.mark.spark
-def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
-    from strata.worker.shared import SharedExecutor
-
+def test_the_example_through_chunks_and_two_workers(battlefield, engines):
     texts = ["RSTREAM(SELECT SUM(bp) AS s FROM Vitals [RANGE 4 SECONDS SLIDE 2 SECONDS])",
              "SELECT ISTREAM sid, COUNT(*) FROM Vitals [RANGE 3 SLIDE 2] GROUP BY sid",
              "SELECT DSTREAM sid, bp FROM Vitals [RANGE 2 SLIDE 3]",
              "SELECT sid, MAX(bp) FROM Vitals [RANGE 5 SECONDS SLIDE 2 SECONDS level in {U}] GROUP BY sid"]
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     for level in ("U", "S"):
         for k in (1, 2, 3):
             out = run_distributed(battlefield, level, texts, inputs_of(battlefield, {"Vitals": ROWS}), executors,
@@ -87,7 +80,7 @@ def test_the_example_through_chunks_and_two_workers(battlefield, engines):  # no
 @pytest.mark.spark
 @SETTINGS
 @given(data=st.data())
-def test_random_slide_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+def test_random_slide_queries_equal_reference(battlefield, chinese_wall, engines, data):
     """Random queries with a SLIDE window through chunks of random length, several workers, sharing
     on or off, states carried between chunks or not, against the reference."""
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")

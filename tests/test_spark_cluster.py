@@ -380,7 +380,7 @@ def standalone(tmp_path_factory):
 def cluster_config(dir: Path, url: str, users: dict | None = None) -> Path:
     """The battlefield config with level S on the standalone cluster (its secret) and TS with its own
     secret (TS's cluster would be elsewhere; here TS runs local[1])."""
-    from .test_cluster_e2e import write_config
+    from .helpers import write_config
 
     secret_file(dir / "keys" / "S.spark", S_SECRET + "\n")
     secret_file(dir / "keys" / "TS.spark", TS_SECRET + "\n")
@@ -429,7 +429,7 @@ def assert_one_line(stderr: str, expected: str) -> None:
 def test_a_worker_with_another_levels_secret_is_refused_in_one_line(standalone, tmp_path):
     """A TS worker whose configuration points TS at the S cluster (a different spelling of a URL, another
     deployment's configuration: nothing the load-time checks can see), with TS's own secret."""
-    from .test_cluster_e2e import write_config
+    from .helpers import write_config
 
     secret_file(tmp_path / "keys" / "TS.spark", TS_SECRET + "\n")
     cfg = write_config(tmp_path, BATTLEFIELD_TOML + f'\n[groups."TS"]\nspark_master = "{standalone["url"]}"\n'
@@ -444,7 +444,7 @@ def test_a_worker_with_another_levels_secret_is_refused_in_one_line(standalone, 
 
 @pytest.mark.slow
 def test_a_worker_that_cannot_reach_its_master_says_so_in_one_line(tmp_path):
-    from .test_cluster_e2e import write_config
+    from .helpers import write_config
 
     secret_file(tmp_path / "keys" / "TS.spark", TS_SECRET)
     url = f"spark://127.0.0.1:{free_tcp_port()}"  # nothing listens there
@@ -492,8 +492,8 @@ def test_up_and_replay_on_the_levels_standalone_cluster(standalone, tmp_path):
     from strata.deploy.local import stop_cluster
 
     from .reference.evaluator import compare_results, evaluate
-    from .test_cluster_e2e import (REPLAY_QUERIES, TABLE_4_2, TABLE_7_2, _random_streams, read_out, strata,
-                                   write_csv)
+    from .helpers import read_out, strata, write_csv
+    from .test_cluster_e2e import REPLAY_QUERIES, TABLE_4_2, TABLE_7_2, _random_streams
 
     cfg_path = cluster_config(tmp_path, standalone["url"])
     cfg = load_config(cfg_path)

@@ -30,12 +30,13 @@ import pytest
 from strata.client import Client, ClientError, master_addresses
 from strata.groups import AUTH_HEADER, execute_digest, sign_request
 from strata.master.core import MasterCore
-from strata.master.standby import (LogShipper, PeerView, next_epoch, standby_refusal, start_decision,
-                                   takeover_decision)
+from strata.master.log_shipping import LogShipper
+from strata.master.standby import PeerView, next_epoch, standby_refusal, start_decision, takeover_decision
 from strata.master.store import MasterStore, StateMismatch, config_fingerprint
 from strata.rpc import strata_pb2 as pb
 
 from .polling import wait_for
+from .tables import counting
 from .test_exactly_once import BATCHES, QUERIES, snapshot, vitals
 
 P = "pete/run-1"
@@ -69,7 +70,7 @@ def _feed(core: MasterCore, seqs, producer=P, offset=0):
     for k, seq in enumerate(seqs):
         ts, upto = BATCHES[k]
         ts = [t + offset for t in ts]
-        core.ingest_batch("Vitals", vitals(ts, 10.0 * seq), None, advance_upto=None if upto is None else upto + offset,
+        core.ingest_batch("Vitals", vitals(ts, bp=counting(10.0 * seq)), None, advance_upto=None if upto is None else upto + offset,
                           producer=producer, seq=seq)
 
 
@@ -292,7 +293,7 @@ def test_a_master_signs_its_epoch_and_steps_down_when_a_worker_fences_it(tmp_pat
     """The dispatch loop signs its epoch into each Execute; a worker's ``fenced`` refusal is not a failed
     attempt of the chunk: the master steps down (stops serving clients, the process stops)."""
     from strata.groups import verify_request
-    from strata.master.server import DispatchLoop
+    from strata.master.dispatch_loop import DispatchLoop
     from strata.master.standby import Fenced, Node
 
     store = MasterStore(tmp_path / "m.sqlite", "S", config_fingerprint(battlefield))
@@ -588,13 +589,12 @@ def test_strata_up_standby_takes_over_a_killed_master_and_the_old_one_cannot_wri
 
     from .conftest import BATTLEFIELD_TOML
     from .reference.evaluator import compare_results, evaluate
-    from .tables import rows_of
-    from .test_cluster_e2e import PASSWORD, write_config
-    from .test_exactly_once import _alive, _rows
+    from .helpers import PASSWORD, alive, write_config
+    from .tables import mixed_vitals, rows_of
 
     queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid", "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"]
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
-    rows = _rows(400)  # 1600 tuples at 400 tuples/s: 4 batches of 100 instants, one a second
+    rows = mixed_vitals(1, 401, 4)  # 1600 tuples at 400 tuples/s: 4 batches of 100 instants, one a second
     data = tmp_path / "vitals.csv"
     with open(data, "w", newline="") as f:
         w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
@@ -634,7 +634,7 @@ def test_strata_up_standby_takes_over_a_killed_master_and_the_old_one_cannot_wri
         assert ingest.poll() is None, ingest.communicate()
         t_kill = time.monotonic()
         os.kill(active["pid"], signal.SIGKILL)  # no chance to flush anything
-        wait_for(lambda: not _alive(active["pid"]), 10, "the master to die")
+        wait_for(lambda: not alive(active["pid"]), 10, "the master to die")
         probe = Client(b, tls_dir=tls, level="TS")
 
         def serving():

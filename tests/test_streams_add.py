@@ -137,7 +137,7 @@ def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path):
 
     from .polling import wait_for
     from .reference.evaluator import compare_results, evaluate
-    from .test_cluster_e2e import PASSWORD, write_config
+    from .helpers import PASSWORD, alive, write_config
 
     cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
     state = tmp_path / "state"
@@ -177,7 +177,7 @@ def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path):
         assert r.returncode == 0, r.stderr
         master = next(p for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "master")
         os.kill(master["pid"], signal.SIGKILL)
-        wait_for(lambda: not _alive(master["pid"]), 10, "the master to die")
+        wait_for(lambda: not alive(master["pid"]), 10, "the master to die")
         restart_process(state, master["name"])
         r = strata("streams list", "--format", "json")
         assert r.returncode == 0, r.stderr
@@ -195,11 +195,3 @@ def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path):
         if follower is not None and follower.poll() is None:
             follower.kill()
         stop_cluster(state)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except (ProcessLookupError, ChildProcessError):
-        return False

@@ -16,23 +16,18 @@ from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql import ast as A
 from strata.mlscql.printer import to_text
 
-from .distributed import assert_reference, check_examples, drawn_run, run_distributed
+from .distributed import assert_reference, check_examples, drawn_run, executors_of, run_distributed
 from .reference.evaluator import compare_results, evaluate, evaluate_outcome
 from .strategies import example_settings, multistream, queries
-from .tables import inputs_of
-from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
+from .tables import inputs_of, vital
 
 EXAMPLES, SETTINGS = example_settings("STRATA_SUBQUERY_EXAMPLES", 25)
 
 
-def _v(ts, level, sid, bp):
-    return {"ts": ts, "level": level, "sid": sid, "bp": float(bp), "pr": 1.0, "weight": 1.0}
-
-
-VITALS = [_v(1, "U", "a", 10), _v(2, "C", "b", 120), _v(3, "U", "a", 130), _v(4, "S", "c", 40), _v(5, "U", "b", 150)]
+VITALS = [vital(1, "U", "a", 10), vital(2, "C", "b", 120), vital(3, "U", "a", 130), vital(4, "S", "c", 40), vital(5, "U", "b", 150)]
 POSITIONS = [{"ts": 2, "level": "U", "sid": "a", "lat": 1.0, "lon": "x"},
              {"ts": 3, "level": "S", "sid": "b", "lat": 1.0, "lon": "y"}]
-ABOVE = {"Vitals": [_v(2, "TS", "a", 999), _v(6, "S", "z", 1)],
+ABOVE = {"Vitals": [vital(2, "TS", "a", 999), vital(6, "S", "z", 1)],
          "Positions": [{"ts": 1, "level": "C", "sid": "a", "lat": 2.0, "lon": "z"}]}
 
 HOT = "SELECT x.sid FROM (SELECT sid, AVG(bp) AS a FROM Vitals [RANGE 3] GROUP BY sid) x WHERE x.a > 100"
@@ -101,22 +96,34 @@ def test_the_outer_query_reads_the_relation_at_each_instant(battlefield):
                     streams) == [(1, "U", 0), (3, "U", 1), (5, "U", 1)]
 
 
+HELD = "SELECT v.sid FROM Vitals [ROWS 1] v, (SELECT sid FROM Positions [ROWS 1]) x WHERE v.sid = x.sid"
+
+
 @pytest.mark.spark
-def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
+def test_the_relation_is_held_at_outer_instants_that_are_not_its_own(battlefield, engines):
+    """docs/semantics.md §3: x holds R(τ) at every instant of the outer query.  Positions arrive at 2
+    and 3 only; at 5 Vitals brings b, and the subquery's window still holds b (S, from 3): the join
+    outputs at 5, at the lub of the two."""
+    streams = {"Vitals": VITALS, "Positions": POSITIONS}
+    assert evaluate(HELD, battlefield, "S", streams) == [(5, "S", "b")]
+    # at U: Positions hold a from 2, when Vitals' last visible tuple is still a (from 1): the join
+    # outputs at 2, an instant of the subquery's, and not again at 3 (ISTREAM)
+    assert evaluate(HELD, battlefield, "U", streams) == [(2, "U", "a")]
+    check_examples(battlefield, [HELD], streams, ABOVE, executors_of(engines, battlefield), incremental=(1, 3))
+
+
+@pytest.mark.spark
+def test_the_examples_through_chunks_and_two_workers(battlefield, engines):
     """Every example at U and S through chunks of 1-3 instants on two workers equals the reference,
     and a U session's output is the same with and without the tuples above U."""
-    from strata.worker.shared import SharedExecutor
-
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     check_examples(battlefield, TEXTS, {"Vitals": VITALS, "Positions": POSITIONS}, ABOVE, executors,
                    incremental=(1, 3))
 
 
 @pytest.mark.spark
-def test_a_failing_subquery_fails_the_query_at_its_instant(battlefield, engines):  # noqa: F811
-    from strata.worker.shared import SharedExecutor
-
-    rows = [_v(1, "U", "a", 1), _v(2, "U", "b", 2), _v(3, "U", "c", 3)]
+def test_a_failing_subquery_fails_the_query_at_its_instant(battlefield, engines):
+    rows = [vital(1, "U", "a", 1), vital(2, "U", "b", 2), vital(3, "U", "c", 3)]
     text = "SELECT COUNT(*) AS n FROM (SELECT ts * 4611686018427387904 AS big FROM Vitals [NOW]) x WHERE x.big > 0"
     exp = evaluate_outcome(text, battlefield, "S", {"Vitals": rows})
     assert exp.error_ts == 2 and [r[2] for r in exp.rows] == [1]
@@ -124,7 +131,7 @@ def test_a_failing_subquery_fails_the_query_at_its_instant(battlefield, engines)
     compound = text + " UNION ALL SELECT COUNT(*) AS n FROM Vitals [NOW]"
     cexp = evaluate_outcome(compound, battlefield, "S", {"Vitals": rows})
     assert cexp.error_ts == 2 and sorted(r[2] for r in cexp.rows) == [1, 1]
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     for k in (1, 3):
         out = run_distributed(battlefield, "S", [text, compound], inputs_of(battlefield, {"Vitals": rows}), executors,
                               chunk_instants=k)
@@ -145,7 +152,7 @@ def _named(text: str) -> str | None:
 @pytest.mark.spark
 @SETTINGS
 @given(data=st.data())
-def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+def test_random_queries_over_subqueries_equal_reference(battlefield, chinese_wall, engines, data):
     """Random outer queries (projection, selection, aggregates, DISTINCT, stream operators) over
     random subqueries, through chunks of random length on several workers, against the reference."""
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")

@@ -21,21 +21,16 @@ from hypothesis import strategies as st
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
-from .distributed import assert_reference, drawn_run, run_distributed
+from .distributed import assert_reference, drawn_run, executors_of, run_distributed
 from .reference.evaluator import evaluate
 from .strategies import example_settings, multistream, queries
-from .tables import inputs_of
-from .test_differential import engines, ledger  # noqa: F401 - fixtures: the Spark engines
+from .tables import inputs_of, vital
 
 EXAMPLES, SETTINGS = example_settings("STRATA_WINDOW_FILTER_EXAMPLES", 25)
 
 
-def _row(ts, level, sid, bp):
-    return {"ts": ts, "level": level, "sid": sid, "bp": float(bp), "pr": 1.0, "weight": 1.0}
-
-
-ROWS = [_row(1, "U", "a", 10), _row(2, "C", "a", 120), _row(3, "U", "b", 130), _row(4, "S", "a", 40),
-        _row(5, "U", "a", 150), _row(6, "C", "b", 60)]
+ROWS = [vital(1, "U", "a", 10), vital(2, "C", "a", 120), vital(3, "U", "b", 130), vital(4, "S", "a", 40),
+        vital(5, "U", "a", 150), vital(6, "C", "b", 60)]
 
 FILTERED = "SELECT SUM(bp) AS s FROM Vitals [ROWS 2 WHERE bp > 100]"
 ISTREAM = "SELECT ISTREAM sid, bp FROM Vitals [ROWS 1 WHERE sid = 'a' AND level in {U, C}]"
@@ -95,16 +90,14 @@ def test_the_condition_filters_before_the_window_and_keeps_the_instants(battlefi
 
 
 @pytest.mark.spark
-def test_the_examples_through_chunks_and_two_workers(battlefield, engines):  # noqa: F811
-    from strata.worker.shared import SharedExecutor
-
+def test_the_examples_through_chunks_and_two_workers(battlefield, engines):
     texts = [FILTERED, ISTREAM,
              "SELECT DSTREAM sid, bp FROM Vitals [RANGE 2 WHERE sid != 'b']",
              "SELECT sid, COUNT(*) FROM Vitals [PARTITION BY sid ROWS 1 WHERE bp / 2 >= 50] GROUP BY sid",
              "SELECT COUNT(*) FROM Vitals [WHERE bp > 100]".replace("[WHERE", "[RANGE UNBOUNDED WHERE"),
              "SELECT v.sid, w.bp FROM Vitals [ROWS 2 WHERE bp > 100] v, Vitals [NOW WHERE bp < 100] w "
              "WHERE v.sid = w.sid"]
-    executors = [SharedExecutor(e, battlefield) for e in engines[id(battlefield)][:2]]
+    executors = executors_of(engines, battlefield)
     for level in ("U", "S"):
         mine = [t for t in texts if level == "S" or "level in" not in t]  # a U session cannot name C
         for k in (1, 2, 3):
@@ -189,7 +182,7 @@ def test_arrow_evaluation_of_window_conditions_equals_spark(spark, cond, rows):
 @pytest.mark.spark
 @SETTINGS
 @given(data=st.data())
-def test_random_window_condition_queries_equal_reference(battlefield, chinese_wall, engines, data):  # noqa: F811
+def test_random_window_condition_queries_equal_reference(battlefield, chinese_wall, engines, data):
     """Random queries with a window condition through chunks of random length, several workers,
     sharing on or off, states carried between chunks or not, against the reference."""
     config = data.draw(st.sampled_from([battlefield, chinese_wall]), label="config")

@@ -37,7 +37,7 @@ from strata.mlscql import ast as A
 
 __all__ = [
     "SqlCompiler", "SPARK_TYPES", "level_of_mask", "sql_string", "ident", "sql_literal", "expr_type",
-    "conjuncts", "sql_or", "LONG_MIN", "LONG_MAX", "INTEGRAL",
+    "sql_or", "LONG_MIN", "LONG_MAX", "INTEGRAL",
 ]
 
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
@@ -119,15 +119,6 @@ def expr_type(e: A.Expr, column_type: Callable[[A.Column], str | None]) -> str:
         tl, tr = expr_type(e.left, column_type), expr_type(e.right, column_type)
         return "double" if e.op == "/" or "double" in (tl, tr) else "long"
     return "boolean"  # IN, DOMINATED BY, IS NULL
-
-
-def conjuncts(e: A.Expr | None) -> list[A.Expr]:
-    """The top-level conjuncts of a condition: ``a AND (b AND c)`` → ``[a, b, c]``."""
-    if e is None:
-        return []
-    if isinstance(e, A.Binary) and e.op == "AND":
-        return conjuncts(e.left) + conjuncts(e.right)
-    return [e]
 
 
 def sql_or(*flags: str | None) -> str | None:

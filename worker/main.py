@@ -7,9 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from strata.config import config_of
+from strata.cli_support import config_of, level_of
+from strata.cpusets import pin_current_process
 from strata.errors import EXIT_OK
 from strata.serving import add_process_options, exit_now, group_spec_of, ready_writer, server_tls, start_logging
+from strata.spark_settings import spark_settings
 
 __all__ = ["cmd_worker", "add_parsers"]
 
@@ -17,20 +19,19 @@ __all__ = ["cmd_worker", "add_parsers"]
 def cmd_worker(args) -> int:
     from strata.worker.server import serve_worker
 
-    start_logging(args)
+    start_logging(args.log_file)
     cfg = config_of(args)
-    from strata.spark_settings import spark_settings
+    level = level_of(cfg, args.level)
 
     # the level's Spark: --spark-master, else [groups."L"] spark_master, else $STRATA_SPARK_MASTER, else
     # local[1]; a cluster's secret is read now (a missing or exposed file: one line before anything starts)
-    spark = spark_settings(cfg, args.level, args.spark_master)
+    spark = spark_settings(cfg, level, args.spark_master)
     secret = None if spark.is_local else spark.read_secret()
-    from strata.cpusets import pin_current_process
-    pin_current_process(args.level, cfg)  # [groups."L"] cpus: this level's CPUs only (the JVM inherits them)
-    tls_dir = server_tls(args, cfg, "worker")
-    spec = group_spec_of(args, cfg)
+    pin_current_process(level, cfg)  # [groups."L"] cpus: this level's CPUs only (the JVM inherits them)
+    tls_dir = server_tls(level, "worker", args.tls_dir, args.state_dir, args.insecure)
+    spec = group_spec_of(cfg, level, args.state_dir, args.multicast_port)
     # Algorithm 5's CPU reading (worker/load.py): the flag, else [cluster] load_reading, else host
-    reading = args.load_reading or (cfg.sections.get("cluster") or {}).get("load_reading", "host")
+    reading = args.load_reading or cfg.cluster.reading()
     if args.start_after:  # a staggered start: let the previous worker's JVM start alone first
         deadline = time.monotonic() + 120
         while not Path(args.start_after).exists() and time.monotonic() < deadline:
@@ -41,7 +42,7 @@ def cmd_worker(args) -> int:
                 print(f"[strata] starting in {wait:.1f} s if the run still goes on then (as long as the start-up "
                       f"before this worker took)", file=sys.stderr, flush=True)
                 time.sleep(wait)  # a run that ends sooner stops this process meanwhile (SIGTERM)
-    serve_worker(cfg, args.level, args.listen, spec, spark_master=spark.master,
+    serve_worker(cfg, level, args.listen, spec, spark_master=spark.master,
                  ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading,
                  warm_queries=_read_warm_queries(args.warm_queries), spark_conf=dict(spark.conf),
                  spark_secret=secret)

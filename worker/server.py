@@ -11,11 +11,16 @@ import time
 import grpc
 
 from strata.groups import AUTH_HEADER, execute_digest, verify_request
+from strata.groups.membership import GroupMember
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.serving import build_server, run_until_stopped
+from strata.tls import PeerCheck, server_credentials
 
+from .assemble import describe_error, is_infrastructure_error
+from .load import make_load, spark_executor_samples
 from .service import QuerySpecData, WorkerCore, WorkerFenced, WorkerRefused, one_line
+from .spark import get_session
 
 __all__ = ["WorkerServicer", "serve_worker"]
 
@@ -54,8 +59,6 @@ class WorkerServicer(rpc.WorkerServicer):
             self.core.refused["bad_chunk"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(f"bad chunk: {e}"))
         except Exception as e:  # noqa: BLE001 - the worker itself failed: one line, details in the log
-            from .engine import describe_error, is_infrastructure_error
-
             log.exception("Execute failed")
             if is_infrastructure_error(e):  # JVM or its connection gone: the master retries elsewhere
                 context.abort(grpc.StatusCode.UNAVAILABLE, one_line(f"worker unavailable: {describe_error(e)}"))
@@ -107,8 +110,6 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     certificate and answers only a ``master`` certificate of its own level;
     without it (``--insecure``) it relies on the group key alone.
     """
-    from strata.worker.spark import get_session
-
     # the JVM and Spark session start in a thread while this one does the Python side of the
     # start-up (imports, compiling the warm-up's queries, its first chunk): the JVM alone keeps
     # ~1.4 cores busy, so on 2 cores the rest overlaps
@@ -126,9 +127,8 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
 
     starting = threading.Thread(target=start_session, name="spark-session", daemon=True)
     starting.start()
-    from strata.worker.engine import Engine
-    from strata.groups.membership import GroupMember
-
+    # deferred: the engine and the warm-up (~55 ms of imports) load while the JVM starts in the thread above
+    from .engine import Engine
     from .warmup import prepare, warm_up
 
     try:
@@ -140,8 +140,6 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     if "error" in box:
         raise box["error"]
     spark, t_session = box["spark"], box["seconds"]
-    from strata.worker.load import make_load, spark_executor_samples
-
     cluster = not spark_master.startswith("local")
     executors = spark_executor_samples(spark) if cluster else None
     engine = Engine(spark, config)
@@ -162,8 +160,6 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     servicer = WorkerServicer(core, spec.key)
     creds, interceptors = None, ()
     if tls_dir is not None:
-        from strata.tls import PeerCheck, server_credentials
-
         creds = server_credentials(tls_dir, "worker", core.level)
         interceptors = (PeerCheck(core.level, ("master",), refused=core.refused),)
     server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, credentials=creds,

@@ -27,8 +27,10 @@ import pyarrow.compute as pc
 
 from strata.chunking.codec import decode_chunk, encode_result
 from strata.chunking.model import ChunkResult
-from strata.config import Config
+from strata.config import Config, StreamSchema, with_streams
+from strata.errors import one_line  # worker/server.py takes it from here
 from strata.mlscql import CompiledQuery, QueryError, compile_query
+from strata.visibility import Visibility
 
 from .shared import SharedExecutor
 
@@ -58,7 +60,8 @@ class WorkerCore:
         self.engine = engine
         #: evaluates each shared plan of a chunk once (``[sharing] enabled``, default on)
         self.shared = SharedExecutor(engine, config, enabled=sharing)
-        self._visible = self.config.lattice.dominated(self.level)
+        #: what this worker may see: a chunk's labels are canonical (its master's shepherd made them so)
+        self.visibility = Visibility(self.config.lattice, self.level, canonical=True)
         self._compiled: dict[tuple[str, str], CompiledQuery] = {}
         self._lock = threading.Lock()
         self.counters: Counter = Counter()
@@ -70,8 +73,6 @@ class WorkerCore:
     def _config_for(self, streams: tuple):
         """This worker's configuration plus the streams a chunk says were added at run time (the
         master declares them: ``strata streams add``); a stream of the configuration keeps its schema."""
-        from strata.config import StreamSchema, with_streams
-
         return with_streams(self.config, (StreamSchema(n, tuple(cols)) for n, cols in streams))
 
     def _compile(self, spec: QuerySpecData, streams: tuple = ()) -> CompiledQuery:
@@ -126,8 +127,8 @@ class WorkerCore:
                 counts = pc.value_counts(t.column("level"))
                 for entry in counts.to_pylist():
                     seen[entry["values"]] += entry["counts"]
-        above = [lv for lv in seen if lv not in self._visible]
-        if above:
+        labels = self.visibility.labels(seen)
+        if labels.hidden or labels.unknown or labels.nulls:
             self.refused["level_above_worker"] += 1
             raise WorkerRefused(f"chunk holds tuples this worker's level {self.level} does not dominate")
         t0 = time.perf_counter()
@@ -157,12 +158,6 @@ class WorkerCore:
                 "busy_seconds": round(self.busy_seconds, 3),
                 "sharing": {"enabled": self.shared.enabled, **dict(self.shared.counters)},
             }
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """``text`` on one line (whitespace runs collapsed), at most ``limit`` characters."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _failed(qc, reason: str) -> ChunkResult:

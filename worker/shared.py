@@ -47,6 +47,8 @@ from strata.mlscql import CompiledQuery
 from strata.sharing import sharing_enabled
 from strata.sharing.execution import MergedPlan, plan_groups
 
+from .assemble import is_infrastructure_error, result_schema
+
 __all__ = ["SharedExecutor"]
 
 
@@ -192,8 +194,6 @@ class SharedExecutor:
         try:
             merged = self.engine.run(plan.cq, chunk, isolate=False)
         except Exception as exc:  # noqa: BLE001 - never worse than not sharing
-            from .engine import is_infrastructure_error
-
             if is_infrastructure_error(exc):
                 raise
             self.counters["merged_fallbacks"] += 1
@@ -215,8 +215,6 @@ class SharedExecutor:
 
 
 def _retarget(src: ChunkResult, qid: str, cq: CompiledQuery) -> ChunkResult:
-    from .engine import result_schema
-
     rows = src.rows
     schema = result_schema(cq)
     if not rows.schema.equals(schema):
@@ -228,8 +226,6 @@ def _retarget(src: ChunkResult, qid: str, cq: CompiledQuery) -> ChunkResult:
 
 def _derive(rows: pa.Table, spec, evals: list[int], instants: list[int], none_mode: bool) -> pa.Table:
     """A member's output rows from the merged relation (ts = evaluation instant, level, c0..)."""
-    from .engine import result_schema
-
     schema = result_schema(spec.cq)
     if spec.flag is not None and rows.num_rows:
         flag = rows.column(2 + spec.flag)

@@ -8,6 +8,17 @@ import logging
 import os
 import time
 
+import numpy as np
+import pyarrow as pa
+
+from strata.arrowio import ARROW_TYPES
+from strata.chunking.model import QueryChunk
+from strata.chunking.prune import prune_query_chunk
+from strata.mlscql import compile_query
+
+from .engine import describe_error
+from .shared import SharedExecutor
+
 __all__ = ["warm_up", "prepare", "WARMUP_SECONDS"]
 
 log = logging.getLogger("strata.worker")
@@ -25,8 +36,6 @@ def _warm_queries(config, level: str) -> list[tuple[str, object]]:
     self-join (small, pruned chunks: the interpreted session, several queries in one
     statement), RANGE grouped aggregate over many instants (the code-generating session and
     the pre-aggregation) and an unbounded aggregate (running state)."""
-    from strata.mlscql import compile_query
-
     for stream in config.streams.values():
         if stream.relation:  # the shapes below are windows over a stream
             continue
@@ -58,11 +67,6 @@ def _warm_queries(config, level: str) -> list[tuple[str, object]]:
 
 def _warm_table(stream, level: str, instants: list[int], per_instant: int, seed: int):
     """``per_instant`` synthetic tuples of ``stream`` at ``level`` for each instant."""
-    import numpy as np
-    import pyarrow as pa
-
-    from strata.arrowio import ARROW_TYPES
-
     rng = np.random.default_rng(seed)
     ts = np.repeat(np.asarray(instants, dtype=np.int64), per_instant)
     n = len(ts)
@@ -94,8 +98,6 @@ def _own_queries(config, level: str, texts) -> list:
     """The compiled ``texts`` (the queries a run will register, when it knows them: ``strata worker
     --warm-queries``) that the warm-up can evaluate: windows over streams only (a text that does not
     compile, or reads a stored relation, is left out: the user's registration names its error)."""
-    from strata.mlscql import compile_query
-
     out = []
     for text in texts or ():
         try:
@@ -135,9 +137,6 @@ def _own_steps(engine, executor, config, own: list, lv) -> list:
     the pre-aggregation, at a size the JIT compiles), those with unbounded windows one at a time (5
     instants, a running state), the others together through the shared executor as real chunks go
     (one legacy instant, three new)."""
-    from strata.chunking.model import QueryChunk
-    from strata.chunking.prune import prune_query_chunk
-
     def kinds(cq):
         return {f.window.kind for f in cq.query.from_}
 
@@ -181,8 +180,6 @@ def _tolerant(step):
         try:
             step(base)
         except Exception as e:  # noqa: BLE001 - the real chunk reports the query's own error
-            from .engine import describe_error
-
             log.warning("warm-up step for the run's queries failed: %s", describe_error(e))
     return run
 
@@ -208,11 +205,6 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
     make the first code-generated chunk 0.6-0.9 s cheaper for ~1 s more start-up; warming them in
     the background after ready was tried and slowed replays: bench/NOTES.md).  Never fatal.
     Returns what it did."""
-    from strata.chunking.model import QueryChunk
-    from strata.chunking.prune import prune_query_chunk
-
-    from .shared import SharedExecutor
-
     if budget is None:
         budget = float(os.environ.get("STRATA_WARMUP_SECONDS", WARMUP_SECONDS))
     t0 = time.perf_counter()
@@ -282,8 +274,5 @@ def warm_up(engine, config, level: str, budget: float | None = None, rounds: int
 
 def _seq(legacy, new):
     """``legacy`` then ``new`` as one item table with increasing ``_seq``."""
-    import numpy as np
-    import pyarrow as pa
-
     t = pa.concat_tables([legacy, new])
     return t.set_column(0, "_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))

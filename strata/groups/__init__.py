@@ -4,7 +4,7 @@ From the configuration::
 
     [groups."S"]
     address = "239.255.10.3"     # multicast group of the S level (default: derived from the level)
-    port = 47000                 # multicast port (default [cluster] multicast_port or 47000)
+    port = 47000                 # multicast port (default [cluster] multicast_port, 47000)
     interface = "127.0.0.1"      # interface heartbeats go out on (default loopback only)
     ttl = 0                      # 0: this host only; 1: one hop (a bridge between hosts)
     key_file = "keys/S.key"      # 32+ random bytes, hex; relative to the config file
@@ -68,33 +68,26 @@ def load_or_create_key(path: Path, create: bool) -> bytes:
 
 
 def group_spec(config: Config, level: str, state_dir: Path | None = None, create_key: bool = False):
+    """The group of ``level``: its ``[groups."L"]`` settings with the ``[cluster]`` defaults
+    (:meth:`~strata.config.Config.group`), the environment's per-process overrides, and its key
+    (the configuration's, else the one in ``state_dir``, made with ``create_key``)."""
+    # deferred: strata.groups loads with the CLI; the heartbeat machinery only when a process joins its group
     from strata.groups.membership import GroupSpec
 
-    level = config.lattice.parse(level)
-    groups = config.sections.get("groups", {}) or {}
-    g = groups.get(level, {}) or {}
-    cluster = config.sections.get("cluster", {}) or {}
-    digest = hashlib.sha256(level.encode()).digest()
-    address = g.get("address") or f"239.255.{digest[0]}.{max(1, digest[1])}"
-    port = int(g.get("port") or cluster.get("multicast_port") or 47000)
-    interface = g.get("interface", cluster.get("interface", "127.0.0.1"))
-    ttl = int(g.get("ttl", cluster.get("multicast_ttl", 0)))
-    address, interface, ttl = _env_overrides(address, interface, ttl)
-    interval = float(cluster.get("heartbeat_seconds", 0.5))
-    if "key" in g:
-        key = bytes.fromhex(str(g["key"]))
+    g = config.group(level)
+    level = g.level
+    address, interface, ttl = _env_overrides(g.address, g.interface, g.ttl)
+    if g.key is not None:
+        key = g.key
     else:
-        if "key_file" in g:
-            kf = Path(g["key_file"])
-            if not kf.is_absolute() and config.path is not None:
-                kf = config.path.parent / kf
-        elif state_dir is not None:
+        kf = g.key_path(config.path)
+        if kf is None and state_dir is not None:
             kf = Path(state_dir) / "keys" / f"{level_slug(level)}.key"
-        else:
+        elif kf is None:
             raise ConfigError(f"no group key for level {level}: set [groups.\"{level}\"] key_file, or use --state-dir")
         key = load_or_create_key(kf, create_key)
-    return GroupSpec(level=level, address=address, port=port, key=key, interface=interface, ttl=ttl,
-                     interval=interval)
+    return GroupSpec(level=level, address=address, port=g.port, key=key, interface=interface, ttl=ttl,
+                     interval=config.cluster.heartbeat_seconds)
 
 
 def _env_overrides(address: str, interface: str, ttl: int) -> tuple[str, str, int]:

@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable
 
 from strata.cpusets import host_cpu_percent
+from strata.groups import AUTH_HEADER, derive_key, sign_request
 from strata.logs import RepeatLimiter
 
 __all__ = ["Heartbeat", "GroupTable", "GroupMember", "GroupSpec", "Identity", "encode_heartbeat",
@@ -193,8 +194,6 @@ class Identity:
 @functools.lru_cache(maxsize=16)
 def _aead(key: bytes):
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    from strata.groups import derive_key
 
     return AESGCM(derive_key(key, "heartbeat-aead"))
 
@@ -679,7 +678,7 @@ def info_probe(channel_for: Callable, key: bytes, level: str, deadline: float = 
     """A probe for :class:`AddressProver`: an asynchronous Info call on a channel of its own to
     the claimed address (``channel_for(sid)``: mutual TLS as a master of the level when TLS is
     on), signed with the group key's request MAC; the answer is the identity key in the reply."""
-    from strata.groups import AUTH_HEADER, sign_request
+    # deferred: the gRPC stubs (~12 ms of protobuf) only for the master's address probe
     from strata.rpc import strata_pb2 as pb
     from strata.rpc import strata_pb2_grpc as rpc
 

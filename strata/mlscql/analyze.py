@@ -641,7 +641,7 @@ class _Analyzer:
 
     # -- optimization (Alg. 4 as corrected in SEMANTICS §4) --------------------------
     def _optimize(self, q: A.Query) -> A.Query:
-        conjuncts = _conjuncts(q.where)
+        conjuncts = A.conjuncts(q.where)
         from_ = list(q.from_)
         drop: set[int] = set()
         for i, f in enumerate(from_):
@@ -716,14 +716,6 @@ def _comparable(a: str, b: str, ctx: str, what: str) -> None:
 
 def _flip(op: str) -> str:
     return {"<": ">", ">": "<", "<=": ">=", ">=": "<="}.get(op, op)
-
-
-def _conjuncts(e: A.Expr | None) -> list[A.Expr]:
-    if e is None:
-        return []
-    if isinstance(e, A.Binary) and e.op == "AND":
-        return _conjuncts(e.left) + _conjuncts(e.right)
-    return [e]
 
 
 def _and_all(es: list[A.Expr]) -> A.Expr | None:

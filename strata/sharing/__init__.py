@@ -13,18 +13,11 @@ __all__ = [
 
 
 def sharing_enabled(config) -> bool:
-    """``[sharing] enabled`` of the configuration (default true)."""
-    sec = (getattr(config, "sections", None) or {}).get("sharing") or {}
-    v = sec.get("enabled", True)
-    if isinstance(v, str):
-        return v.strip().lower() not in ("false", "0", "no", "off")
-    return bool(v)
+    """``[sharing] enabled`` of the configuration (declared in strata/config.py: default true)."""
+    return config.sharing.enabled
 
 
 def sharing_mode(config) -> str:
     """``[sharing] mode``: ``replicated`` (default; a cluster runs one level per master) or ``trusted``."""
-    sec = (getattr(config, "sections", None) or {}).get("sharing") or {}
-    mode = str(sec.get("mode", "replicated")).lower()
-    if mode not in ("replicated", "trusted"):
-        raise ValueError(f"[sharing] mode must be 'replicated' or 'trusted', not {mode!r}")
-    return mode
+    return config.sharing.mode
+

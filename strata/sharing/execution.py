@@ -37,7 +37,7 @@ from strata.mlscql.analyze import LegacyMode, legacy_mode
 from strata.mlscql import ast as A
 from strata.mlscql.analyze import CompiledQuery, OutputColumn
 
-from .optree import canonical_expr, conjuncts, item_names, window_node
+from .optree import canonical_expr, item_names, window_node
 
 __all__ = ["MemberSpec", "MergedPlan", "plan_groups", "complete_key", "from_key"]
 
@@ -61,9 +61,9 @@ def complete_key(cq: CompiledQuery, instant_seconds: float = 1.0) -> tuple:
     return (
         from_key(cq, instant_seconds),
         tuple((c(s.expr), o.type) for s, o in zip(q.select, cq.outputs)),
-        frozenset(c(x) for x in conjuncts(q.where)),
+        frozenset(c(x) for x in A.conjuncts(q.where)),
         tuple(c(g) for g in q.group_by),
-        frozenset(c(x) for x in conjuncts(q.having)),
+        frozenset(c(x) for x in A.conjuncts(q.having)),
         cq.r2s,
         cq.is_aggregate,
         legacy_mode(cq),
@@ -159,7 +159,7 @@ def plan_groups(queries: dict[str, CompiledQuery], instant_seconds: float = 1.0)
         if cls == "agg":
             names = item_names(cq)
             positional = {it.name: f"${i}" for i, it in enumerate(cq.items)}
-            key += (frozenset(canonical_expr(x, names) for x in conjuncts(cq.query.where)),
+            key += (frozenset(canonical_expr(x, names) for x in A.conjuncts(cq.query.where)),
                     tuple(_requalify(g, positional) for g in cq.query.group_by))
         buckets.setdefault(key, []).append(qid)
     for key, ids in buckets.items():
@@ -178,7 +178,7 @@ def _merge(cls: str, members: list[tuple[str, CompiledQuery]]) -> MergedPlan:
         mapping = {it.name: base_names[i] for i, it in enumerate(cq.items)}
         requal.append(mapping)
         names = item_names(cq)
-        canon_conj.append({canonical_expr(x, names): _requalify(x, mapping) for x in conjuncts(cq.query.where)})
+        canon_conj.append({canonical_expr(x, names): _requalify(x, mapping) for x in A.conjuncts(cq.query.where)})
     common = set(canon_conj[0])
     for cc in canon_conj[1:]:
         common &= set(cc)

@@ -38,7 +38,7 @@ from strata.mlscql import ast as A
 from strata.mlscql.printer import expr_text
 
 __all__ = [
-    "Node", "OperatorTree", "build_tree", "canonical_expr", "canonical_conjuncts", "conjuncts",
+    "Node", "OperatorTree", "build_tree", "canonical_expr", "canonical_conjuncts",
     "item_of", "WINDOW_OPS", "BLOCKING_OPS", "describe",
 ]
 
@@ -163,16 +163,8 @@ def canonical_expr(e: A.Expr, names: dict[str, int]) -> A.Expr:
     return A.map_children(e, c)
 
 
-def conjuncts(e: A.Expr | None) -> list[A.Expr]:
-    if e is None:
-        return []
-    if isinstance(e, A.Binary) and e.op == "AND":
-        return conjuncts(e.left) + conjuncts(e.right)
-    return [e]
-
-
 def canonical_conjuncts(e: A.Expr | None, names: dict[str, int]) -> frozenset[A.Expr]:
-    return frozenset(canonical_expr(x, names) for x in conjuncts(e))
+    return frozenset(canonical_expr(x, names) for x in A.conjuncts(e))
 
 
 def item_of(e: A.Expr) -> set[int]:

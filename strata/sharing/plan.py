@@ -224,15 +224,25 @@ class SharedPlan:
         out.append(Placement(node, "equivalent" if node in self.users else "new"))
         return node
 
+    def _subsumer(self, n: Node, rank=None) -> tuple[Node, dict] | None:
+        """The user node that subsumes ``n`` (:func:`subsumed_by`) with the smallest ``rank`` (the
+        first of equals; without ``rank``, the first found) and how it does; None if none does."""
+        best = None
+        for cand in self.users:
+            sub = subsumed_by(n, cand)
+            if sub is None:
+                continue
+            if rank is None:
+                return cand, sub
+            if best is None or rank(cand) < rank(best[0]):
+                best = (cand, sub)
+        return best
+
     def _place_window(self, w: Node, out: list[Placement]) -> Node:
         if w in self.users:
             out.append(Placement(w, "equivalent"))
             return w
-        best = None
-        for cand in self.users:
-            sub = subsumed_by(w, cand)
-            if sub is not None and (best is None or len(cand.levels) < len(best[0].levels)):
-                best = (cand, sub)
+        best = self._subsumer(w, rank=lambda cand: len(cand.levels))  # the narrowest level set
         if best is None:
             out.append(Placement(w, "new"))
             return w
@@ -240,36 +250,26 @@ class SharedPlan:
         return best[0]
 
     def _place_select(self, s: Node, out: list[Placement]) -> Node:
-        if s in self.users:
-            out.append(Placement(s, "equivalent"))
-            return s
-        best = None
-        for cand in self.users:
-            sub = subsumed_by(s, cand)
-            if sub is not None and (best is None or len(cand.param("cond")) > len(best[0].param("cond"))):
-                best = (cand, sub)
-        if best is None:
-            out.append(Placement(s, "new"))
-            return s
-        cand, sub = best
-        out.append(Placement(cand, "decomposed", via=cand, rule="select", orig=s))
-        rest = Node("select", (("cond", sub["residual"]),), (cand,))
-        out.append(Placement(rest, "equivalent" if rest in self.users else "new"))
-        return rest
+        return self._place_residual(s, out, rank=lambda cand: -len(cand.param("cond")))  # the most conditions
 
     def _place_project(self, p: Node, out: list[Placement]) -> Node:
-        if p in self.users:
-            out.append(Placement(p, "equivalent"))
-            return p
-        for cand in self.users:
-            sub = subsumed_by(p, cand)
-            if sub is not None:
-                out.append(Placement(cand, "decomposed", via=cand, rule="project", orig=p))
-                rest = Node("project", (("attr", sub["residual"]),), (cand,))
-                out.append(Placement(rest, "equivalent" if rest in self.users else "new"))
-                return rest
-        out.append(Placement(p, "new"))
-        return p
+        return self._place_residual(p, out)
+
+    def _place_residual(self, n: Node, out: list[Placement], rank=None) -> Node:
+        """A select or project: itself if a user has it, else a user's node that subsumes it (the best
+        by ``rank``) with the residual operator over it (the conditions or attributes left), else new."""
+        if n in self.users:
+            out.append(Placement(n, "equivalent"))
+            return n
+        best = self._subsumer(n, rank)
+        if best is None:
+            out.append(Placement(n, "new"))
+            return n
+        cand, sub = best
+        out.append(Placement(cand, "decomposed", via=cand, rule=n.op, orig=n))
+        rest = Node(n.op, (({"select": "cond", "project": "attr"}[n.op], sub["residual"]),), (cand,))
+        out.append(Placement(rest, "equivalent" if rest in self.users else "new"))
+        return rest
 
     # -- Def. 5-8 ---------------------------------------------------------------------------
     def _decide(self, x: _Entry, y: _Entry) -> Decision:

@@ -813,13 +813,14 @@ class _CompoundEvaluator:
 
 
 def _canon_attr(schema: StreamSchema, name: str) -> str | None:
-    low = name.lower()
-    if low in ("ts", "level"):
-        return low
-    for c in schema.column_names:
-        if c.lower() == low:
-            return c
-    return None
+    """The key of attribute ``name`` in a tuple of the stream of ``schema``, or None when it has none.
+
+    docs/semantics.md §8 (*Names*): attribute names are case-insensitive, and every tuple has
+    ``ts`` and ``level`` besides its stream's declared attributes (written as declared)."""
+    keys: dict[str, str] = {"ts": "ts", "level": "level"}
+    for attribute, _type in schema.columns:
+        keys.setdefault(attribute.lower(), attribute)
+    return keys.get(name.lower())
 
 
 def _lookup_stream(streams: dict[str, list[dict]], name: str) -> list[dict]:
