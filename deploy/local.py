@@ -22,6 +22,8 @@ from strata.private import open_private_log, private_dir, write_private
 from strata.serving import free_udp_port, pid_alive, progress
 from strata.tls import create_deployment, has_material
 
+from .slots import check_round, release, start_gate
+
 __all__ = ["start_cluster", "embedded_start", "stop_cluster", "restart_process", "renew_master",
            "workers_ready_after", "alive", "default_workers", "embedded_load_reading", "add_parsers"]
 
@@ -131,6 +133,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         private_dir(d)
     port = multicast_port or free_udp_port()
     levels = [cfg.lattice.parse(lv) for lv in levels]
+    check_round(cfg, len(levels))  # [cluster] scheduler's rounds too long for a stopped worker: refused now
     for lv in levels:
         group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
     tls_path = Path(tls_dir) if tls_dir is not None else state_dir / "tls"
@@ -262,6 +265,11 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         stop_cluster(state_dir)
         raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
     write_private(state_dir / "cluster.json", json.dumps(record, indent=2))
+    try:  # the host's slot gate ([cluster] scheduler not shared: deploy/slots.py), once the levels run
+        start_gate(state_dir, record, cfg.cluster.scheduler)
+    except CliError:
+        stop_cluster(state_dir)
+        raise
     out = {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
            "tls_dir": record["tls_dir"],
            "seconds": {"first": None if first is None else round(first, 2),
@@ -377,6 +385,7 @@ def stop_cluster(state_dir: Path, timeout: float = 15.0) -> int:
     if not f.exists():
         return 0
     procs = json.loads(f.read_text())["processes"]
+    release(procs)  # the slot gate first: every process it stopped runs again (deploy/slots.py)
     for p in procs:
         try:
             os.killpg(p["pid"], signal.SIGTERM)

@@ -61,6 +61,10 @@ class BatchOutcome:
     dropped: int = 0
     chunks: int = 0
     duplicate: bool = False
+    #: rows the level shed (master/shedding.py) and their first and last instant (-1: none)
+    shed: int = 0
+    shed_first: int = -1
+    shed_last: int = -1
 
 
 def check_seq(producer: str | None, seq, count: Count) -> None:

@@ -30,6 +30,7 @@ whose batch it was.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -42,6 +43,7 @@ from strata.chunking.chunker import ChunkingError
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config, with_streams
 from strata.errors import one_line
+from strata.logs import RepeatLimiter
 from strata.mlscql import QueryError, compile_query
 
 from . import eventlog
@@ -53,6 +55,7 @@ from .eventlog import EventLog
 from .notify import Changes, ThreadNotifier
 from .pipeline import QueryPipeline, Released
 from .queries import STATES, NotYours, QueryInfo, ResultsGone, Retention, has_news, view
+from .shedding import Decision, Shedder, ShedRule, instants_of
 from .shepherd import ShepherdError
 from .timings import ChunkTimings
 
@@ -60,6 +63,8 @@ from .timings import ChunkTimings
 __all__ = ["MasterCore", "QueryInfo", "Refused", "NotYours", "ResultsGone", "BatchOutcome", "MAX_INGEST_ROWS",
            "MAX_INGEST_BYTES", "MAX_PRODUCER_ID", "DEFAULT_MAX_TS", "DEFAULT_ADVANCE_HORIZON", "MAX_UNIT_ROWS",
            "SPLIT_ROWS", "STATES"]
+
+log = logging.getLogger("strata.master")
 
 
 class MasterCore:
@@ -102,6 +107,9 @@ class MasterCore:
                                       chunk_period=float(chunk_instants) * config.instant_seconds)
         self.eventlog = EventLog(store, self.count_rejected)
         self.max_backlog_rows = config.limits.max_backlog_rows
+        #: load shedding ([limits] overload = "shed"; master/shedding.py): decided per batch from the backlog
+        self.shedder = Shedder(ShedRule.of(config.limits))
+        self._shed_log = RepeatLimiter(log)
         self.max_ts = config.limits.max_ts
         self.advance_horizon = config.limits.advance_horizon
         self.retention = Retention(config.limits.result_retention_rows, config.limits.result_retention_results)
@@ -262,6 +270,8 @@ class MasterCore:
             return self._advance(body.get("upto"), body.get("finish", False), log=False)
         elif kind == "stream":
             self.add_stream(body["name"], [tuple(c) for c in body["columns"]], log=False)
+        elif kind == "shed":
+            self.shedder.commit(Decision.of_body(body))
         return 0
 
     def restore(self) -> dict:
@@ -321,15 +331,23 @@ class MasterCore:
                 return BatchOutcome(kept.num_rows if kept is not None else 0, dropped, 0, duplicate=True)
             if advance_upto is not None:
                 advance_upto = int(advance_upto)
+            shed = self._shed_decision(name, kept)  # load shedding: decided here, logged with the batch
+            if shed is not None and shed.rows:
+                kept = kept.filter(pa.array(shed.keep))
 
             def log_then_apply(checked: pa.Table) -> None:  # every check passed; nothing applied yet
                 n = checked.num_rows
                 if advance_upto is not None:
                     top = int(checked.column("ts")[n - 1].as_py()) if n else None
+                    if shed is not None and shed.last is not None:  # shed instants arrived too
+                        top = shed.last if top is None else max(top, shed.last)
                     self._check_horizon(advance_upto, top, prefix="advance refused: ")
                 if self.store is None:  # no event log (an embedded replay's master): nothing to encode
                     return
-                self.eventlog.write(eventlog.batch_events(name, kept, n, producer, seq, advance_upto), producer, seq)
+                events = eventlog.batch_events(name, kept, n, producer, seq, advance_upto)
+                if shed is not None and shed.logged:
+                    events.insert(0, eventlog.shed_event(shed.body()))
+                self.eventlog.write(events, producer, seq)
                 self.eventlog.rows += n
 
             accepted = 0
@@ -339,8 +357,37 @@ class MasterCore:
                 log_then_apply(pa.table({"ts": pa.array([], pa.int64())}))
             if producer is not None:  # in the log now: a re-send is a duplicate from here on
                 self.producers[producer] = max(seq, self.producers.get(producer, 0))
+            if shed is not None:
+                self._shed_commit(shed)
             chunks = self._advance(advance_upto, False, log=False) if advance_upto is not None else 0
+            if shed is not None and shed.rows:
+                return BatchOutcome(accepted, dropped, chunks, shed=shed.rows, shed_first=shed.first,
+                                    shed_last=shed.last)
             return BatchOutcome(accepted, dropped, chunks)
+
+    def _shed_decision(self, stream: str, kept: pa.Table | None) -> Decision | None:
+        """The load-shedding decision for a batch's kept rows (None: not shedding, or no rows), from this
+        master's own backlog (master/shedding.py).  Take it under :attr:`cond`."""
+        if kept is None or not kept.num_rows or not self.shedder.enabled:
+            return None
+        ts = instants_of(kept)
+        if ts is None:
+            return None
+        return self.shedder.decide(stream, ts, self.dispatch.backlog_rows, self.pipeline.chunker.closed_until)
+
+    def _shed_commit(self, d: Decision) -> None:
+        """Apply a logged (or unlogged: nothing shed, nothing changed) decision; say so in the log."""
+        self.shedder.commit(d)
+        rule = self.shedder.rule
+        if d.flipped and d.active:
+            self._shed_log.warning("shed_on", "level %s starts shedding: backlog %d rows (bound %d, resumes "
+                                   "below %d)", self.level, d.reading, rule.high, rule.low)
+        elif d.flipped:
+            self._shed_log.warning("shed_off", "level %s stops shedding: backlog %d rows (below %d)", self.level,
+                                   d.reading, rule.low)
+        if d.rows:
+            self._shed_log.warning("shed", "level %s shed %d rows of %s at instants %d-%d (%d rows shed in all)",
+                                   self.level, d.rows, d.stream, d.first, d.last, sum(self.shedder.rows.values()))
 
     def _push(self, stream: str, kept: pa.Table, log: bool, before_commit=None) -> int:
         """Rows into the chunker.  ``log``: a live batch (refusals counted); ``before_commit`` then
@@ -356,6 +403,7 @@ class MasterCore:
         if accepted:
             mx = pc.max(kept.column("ts").cast(pa.int64())).as_py()
             self.last_input_ts = mx if self.last_input_ts is None else max(self.last_input_ts, mx)
+            self.shedder.kept(mx)  # its instants are decided (kept), also when replayed
         return accepted
 
     def count_rejected(self, reason: str, n: int = 1) -> None:
@@ -372,6 +420,8 @@ class MasterCore:
             return self._advance(upto_ts, finish, log=True)
 
     def _check_horizon(self, upto_ts: int, top: int | None = None, prefix: str = "") -> None:
+        if self.shedder.last_shed is not None:  # instants shed arrived: the horizon runs from them too
+            top = self.shedder.last_shed if top is None else max(top, self.shedder.last_shed)
         check_horizon(upto_ts, self.last_input_ts, self.advance_horizon, self.count_rejected, top, prefix)
 
     def _advance(self, upto_ts: int | None, finish: bool, log: bool) -> int:
@@ -493,6 +543,8 @@ class MasterCore:
         """Whether a producer's next batch should wait: ``[limits] max_backlog_rows`` reached.  The
         workers drain the backlog; input that would only pile up in the master's memory waits in the
         producer instead (gRPC flow control: the producer's sends block)."""
+        if self.shedder.enabled:  # [limits] overload = "shed": the level sheds instead (master/shedding.py)
+            return False
         return bool(self.max_backlog_rows) and self.dispatch.backlog_rows >= self.max_backlog_rows
 
     def check_resume(self, qids: list[str], after_ts: int) -> None:
@@ -539,6 +591,8 @@ class MasterCore:
         with self.cond:
             out = {"level": self.level,
                    "queries": [view(i) for i in self.queries.values() if user is not None and i.owner == user]}
+            if self.shedder.seen:  # every session of the level: its own backlog decided it
+                out["shedding"] = self.shedder.view()
             if not cluster:
                 return out
             workers = [
@@ -573,7 +627,8 @@ class MasterCore:
                                                               "last_checkpoint_ms":
                                                                   int(1000 * log.last_checkpoint.get("seconds", 0)),
                                                               "queries": sum(i.revoked_after is None
-                                                                             for i in self.queries.values())},
+                                                                             for i in self.queries.values())}
+                | (self.shedder.counters() if self.shedder.seen else {}),
             })
             return out
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .core import MasterCore
 
 __all__ = ["EventLog", "LogEvent", "register_event", "stop_event", "batch_events", "advance_event", "stream_event",
-           "restore", "snapshot", "load", "checkpoint_due", "checkpoint"]
+           "shed_event", "restore", "snapshot", "load", "checkpoint_due", "checkpoint"]
 
 #: one event as the store writes it: (kind, body, Arrow IPC data or None)
 LogEvent = tuple[str, dict, "bytes | None"]
@@ -79,6 +79,12 @@ def batch_events(stream: str, kept: pa.Table, rows: int, producer: str | None, s
 def stream_event(schema) -> LogEvent:
     """A stream declared at run time."""
     return "stream", {"name": schema.name, "columns": [list(c) for c in schema.columns]}, None
+
+
+def shed_event(body: dict) -> LogEvent:
+    """A batch's load-shedding decision (master/shedding.py :meth:`Decision.body`), logged before the
+    batch's kept rows, so a restart keeps exactly the same rows and sheds the same later ones."""
+    return "shed", body, None
 
 
 # ---- writing ----------------------------------------------------------------------------------------
@@ -193,7 +199,8 @@ def snapshot(core: "MasterCore") -> ckpt.Snapshot:
     meta = {"queries": queries, "live": list(core.pipeline.queries), "pipeline": pmeta,
             "streams": [[n, [list(c) for c in cols]] for n, cols in core.added_streams.items()],
             "last_input_ts": core.last_input_ts, "last_output_ts": core.last_output_ts,
-            "finished": core.finished, "logged": [core.eventlog.rows, core.eventlog.events]}
+            "finished": core.finished, "logged": [core.eventlog.rows, core.eventlog.events],
+            "shedding": core.shedder.export()}
     return ckpt.Snapshot(core.store.last_seq(), meta, tables, chunks,
                          {q: list(i.results) for q, i in core.queries.items() if i.results})
 
@@ -246,6 +253,7 @@ def load(core: "MasterCore", snap: ckpt.Snapshot) -> int:
         top = max(top, query_number(info.query_id))
     core.last_input_ts, core.last_output_ts = meta["last_input_ts"], meta["last_output_ts"]
     core.finished = bool(meta["finished"])
+    core.shedder.load(meta.get("shedding"))
     core.admit(snap.chunks)
     core.eventlog.checkpoints, core.eventlog.last_checkpoint = 0, {"upto_seq": snap.upto_seq, "restored": True}
     return top

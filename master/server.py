@@ -287,6 +287,7 @@ class MasterServicer(rpc.MasterServicer):
         st = self.core.status(s.principal.user, cluster=operator)
         reply = pb.StatusReply(level=st["level"], user=s.principal.user, roles=sorted(s.principal.roles),
                                queries=[pb.QueryStatus(**v) for v in st["queries"]], cluster=operator)
+        self._shed_status(reply, st.get("shedding"))
         if not operator:
             return reply
         reply.workers.extend(pb.WorkerStatus(sid=w["sid"], cpu=w["cpu"], pid=w.get("pid", 0), state=w["state"],
@@ -307,6 +308,17 @@ class MasterServicer(rpc.MasterServicer):
         reply.last_chunk_error = st.get("last_chunk_error", "")
         return reply
 
+    @staticmethod
+    def _shed_status(reply: pb.StatusReply, shed: dict | None) -> None:
+        """The level's load shedding, for every session (master/shedding.py :meth:`Shedder.view`)."""
+        if shed is None:
+            return
+        reply.shedding.CopyFrom(pb.ShedStatus(
+            mode=shed["mode"], active=shed["active"], shed_backlog_rows=shed["shed_backlog_rows"],
+            resume_backlog_rows=shed["resume_backlog_rows"], rows=shed["rows"], instants=shed["instants"],
+            ranges=[pb.InstantRange(first=a, last=b) for a, b in shed["ranges"]], ranges_total=shed["ranges_total"],
+            batches=shed["batches"], episodes=shed["episodes"]))
+
 
 def _add_batch(reply: pb.IngestReply, apply) -> bool:
     """Add one batch's outcome (``apply()``) to an Ingest reply; False (error set) if it was refused."""
@@ -319,6 +331,10 @@ def _add_batch(reply: pb.IngestReply, apply) -> bool:
     reply.accepted += o.accepted
     reply.dropped_by_shepherd += o.dropped  # rows of this producer's own batches: told to it, nobody else
     reply.chunks += o.chunks
+    if o.shed:  # rows the level shed (its own load): told to this producer, counted in every session's status
+        first = o.shed_first if not reply.shed else min(reply.shed_first_ts, o.shed_first)
+        reply.shed_first_ts, reply.shed_last_ts = first, max(reply.shed_last_ts, o.shed_last)
+        reply.shed += o.shed
     return True
 
 
@@ -330,7 +346,8 @@ def _ack(batch, n: int, apply) -> pb.IngestAck:
     except (ValueError, pa.ArrowInvalid) as e:
         return pb.IngestAck(seq=seq, error=one_line(e))
     return pb.IngestAck(seq=seq, accepted=o.accepted, dropped_by_shepherd=o.dropped, duplicate=o.duplicate,
-                        chunks=o.chunks)
+                        chunks=o.chunks, shed=o.shed, shed_first_ts=max(o.shed_first, 0),
+                        shed_last_ts=max(o.shed_last, 0))
 
 
 def _stream_info(view: dict, added: bool, created: bool = False) -> "pb.StreamInfo":

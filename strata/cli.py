@@ -14,11 +14,11 @@ import json
 import os
 import sys
 
-from . import __version__, commands
+from . import __version__, commands, metrics
 from .cli_support import config_of
 from .config import ConfigError
 from .deploy import cli as deploy_cli
-from .deploy import demo, local, replay, scale_cli
+from .deploy import demo, local, replay, scale_cli, slots
 from .errors import EXIT_ERROR, EXIT_OK, EXIT_REJECTED, CliError
 from .logs import flush_output
 from .master import main as master_main
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``add_parsers(sub)``.  Imported above, so a missing or broken one stops every command with its
 #: error instead of its commands silently vanishing.  They keep their heavy imports (Spark, Ray,
 #: pyarrow, the gRPC servers) inside the commands, so ``strata --help`` stays quick.
-COMMAND_MODULES = (master_main, worker_main, local, commands, replay, demo, deploy_cli, scale_cli)
+COMMAND_MODULES = (master_main, worker_main, local, slots, commands, metrics, replay, demo, deploy_cli, scale_cli)
 _EXTENSIONS = [m.add_parsers for m in COMMAND_MODULES]
 
 

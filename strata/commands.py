@@ -81,6 +81,12 @@ def cmd_status(args) -> int:
     finally:
         c.close()
     out = {"level": st.level, "user": st.user, "roles": list(st.roles), "queries": _query_rows(st.queries)}
+    if st.HasField("shedding"):  # every session: the level's load shedding
+        sh = st.shedding
+        out["shedding"] = {"mode": sh.mode, "active": sh.active, "shed_backlog_rows": sh.shed_backlog_rows,
+                           "resume_backlog_rows": sh.resume_backlog_rows, "rows": dict(sh.rows),
+                           "instants": dict(sh.instants), "ranges": [[r.first, r.last] for r in sh.ranges],
+                           "ranges_total": sh.ranges_total, "batches": sh.batches, "episodes": sh.episodes}
     if st.cluster:  # operators: the cluster part
         out.update({
             "workers": [{"sid": w.sid, "cpu": round(w.cpu, 1), "pid": w.pid, "state": w.state,
@@ -103,6 +109,14 @@ def cmd_status(args) -> int:
         print(f"  {q['query']}  {q['state']:<9}  last instant {last}  {q['text']}")
         if q["error"]:
             print(f"      error: {q['error']}")
+    sh = out.get("shedding")
+    if sh:
+        ranges = ", ".join(f"{a}-{b}" for a, b in sh["ranges"])
+        shown = len(sh["ranges"])
+        more = f" (the newest {shown} of {sh['ranges_total']})" if sh["ranges_total"] > shown else ""
+        print(f"load shedding ({sh['mode']}): {'shedding now' if sh['active'] else 'not shedding'}; shed rows "
+              + (", ".join(f"{k}={v}" for k, v in sorted(sh["rows"].items())) or "none")
+              + (f"; instants shed {ranges}{more}" if ranges else ""))
     if st.cluster:
         print(f"cluster: {len(out['workers'])} workers, backlog {out['backlog']} chunks, lag {out['lag']}")
         for w in out["workers"]:
@@ -339,9 +353,18 @@ def cmd_ingest(args) -> int:
                 progress("connection to master lost; finishing the input again")
                 c.reconnect(deadline)
 
+    shed = {"rows": 0, "first": None, "last": None}  # rows the level shed ([limits] overload = "shed")
+
+    def acked(ack) -> None:
+        if ack.shed:
+            shed["rows"] += ack.shed
+            shed["first"] = ack.shed_first_ts if shed["first"] is None else min(shed["first"], ack.shed_first_ts)
+            shed["last"] = ack.shed_last_ts if shed["last"] is None else max(shed["last"], ack.shed_last_ts)
+
     try:
         reply = client_call(c.ingest_stream, paced(), pid, labelled=args.labelled,
-                             reconnect_seconds=args.reconnect_seconds, on_reconnect=lost, what="ingest stopped: ")
+                             reconnect_seconds=args.reconnect_seconds, on_reconnect=lost, on_ack=acked,
+                             what="ingest stopped: ")
         if args.finish and not reply.error:
             client_call(finish, what="finish failed: ")
     finally:
@@ -349,6 +372,9 @@ def cmd_ingest(args) -> int:
     again = f" ({reply.duplicates} batches were already applied)" if reply.duplicates else ""
     progress(f"sent {sent}/{total} tuples in {reply.batches} batches: accepted {reply.accepted}, dropped above "
               f"level {c.level} {above + reply.dropped_by_shepherd}, rejected batches {reply.rejected}{again}")
+    if shed["rows"]:  # not an error: the level was overloaded and shed whole instants (docs/semantics.md §10)
+        progress(f"shed {shed['rows']} tuples at instants {shed['first']}-{shed['last']}: level {c.level} was "
+                 f"overloaded ([limits] overload = \"shed\"); `strata status` lists the instants shed")
     if reply.error:
         raise CliError(f"ingest stopped: {reply.error}", EXIT_REJECTED)
     return EXIT_OK

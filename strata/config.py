@@ -256,6 +256,14 @@ class Limits:
                                            _limit(1))
     max_backlog_rows: int = option(4_000_000, "rows of cut chunks not yet computed above which producers' next "
                                               "batches wait (0: no limit)", _limit(0))
+    overload: str = option("wait", "what a master does when its backlog passes its bound: \"wait\" (producers' next "
+                                   "batches wait, max_backlog_rows) or \"shed\" (no producer waits; whole instants "
+                                   "are shed while the backlog is high: docs/semantics.md §10)",
+                           one_of("wait", "shed", why=" (a master's answer to an overload)"))
+    shed_backlog_rows: int = option(0, "with overload = \"shed\": the backlog (rows) at which the level starts "
+                                       "shedding (0: max_backlog_rows)", _limit(0))
+    shed_resume_rows: int = option(0, "... and below which it stops (0: half the bound; must be below the bound)",
+                                   _limit(0))
     max_streams_per_session: int = option(8, "open Subscribe/Ingest streams a master allows per session (one more: "
                                              "RESOURCE_EXHAUSTED)", _limit(1))
     max_streams_per_user: int = option(64, "... and per user, across its sessions", _limit(1))
@@ -285,6 +293,30 @@ class ClusterSettings:
     dispatch_linger: bool = option(True, "while input arrives faster than a job takes, a master gathers ready "
                                          "chunks for up to one job's time before sending them (false: at once)",
                                    boolean())
+    # how level groups sharing a host take turns (strata/scheduling.py, deploy/slots.py, docs/scheduling.md)
+    scheduler: str = option("shared", "how the level groups of one host take turns: shared (the OS shares the "
+                                      "CPUs), round_robin, fixed_slot, revised_fixed_slot or dynamic_threshold (a "
+                                      "gate, strata slots, stops and continues each level's processes)",
+                            one_of("shared", "round_robin", "fixed_slot", "revised_fixed_slot", "dynamic_threshold"))
+    slot_seconds: float = option(0.25, "a level's slot (fixed_slot, revised_fixed_slot) or quantum (round_robin, "
+                                       "dynamic_threshold) per round, in seconds",
+                                 Check("must be a number of seconds above 0 and at most 1",
+                                       lambda v: _is_number(v) and 0 < v <= 1, float, bad=(0, 1.5, True, "0.25")))
+    penalty_threshold: float = option(0.8, "dynamic_threshold: a level that used more than this share of a round's "
+                                           "CPU time while another level had work is penalised",
+                                      Check("must be a number above 0 and below 1",
+                                            lambda v: _is_number(v) and 0 < v < 1, float, bad=(0, 1, True, "0.8")))
+    penalty_share: tuple[float, float] = option(
+        (0.3, 0.8), "dynamic_threshold: the range [LO, HI] a penalised level's share of its quantum (alpha) is drawn "
+                    "from", Check("must be [LO, HI], numbers with 0 < LO <= HI <= 1",
+                                  lambda v: isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v)
+                                  and 0 < v[0] <= v[1] <= 1, lambda v: (float(v[0]), float(v[1])),
+                                  bad=([0, 0.5], [0.8, 0.3], [0.3, 1.5], 0.5)))
+    penalty_rounds: tuple[int, int] = option(
+        (1, 10), "dynamic_threshold: the range [LO, HI] of the rounds a penalty lasts (beta) is drawn from",
+        Check("must be [LO, HI], integers with 1 <= LO <= HI <= 1000",
+              lambda v: isinstance(v, list) and len(v) == 2 and all(_is_int(x) for x in v)
+              and 1 <= v[0] <= v[1] <= 1000, lambda v: (v[0], v[1]), bad=([0, 5], [10, 1], [1.5, 2], 3)))
 
     def reading(self, embedded: bool = False) -> str:
         """Algorithm 5's CPU reading of a worker (worker/load.py): ``load_reading``, else ``process``
@@ -553,6 +585,9 @@ def parse_config(text: str, path: Path | None = None) -> Config:
                 raise err(sec, e.key, str(e)) from None
 
     limits = _read(Limits, data.get("limits", {}), err)
+    shed_bound = limits.shed_backlog_rows or limits.max_backlog_rows
+    if limits.shed_resume_rows and shed_bound and limits.shed_resume_rows >= shed_bound:
+        raise err("limits", "shed_resume_rows", f"must be below the shedding bound ({shed_bound} rows)")
     groups, spelt = _groups(data.get("groups", {}), lattice, path, text, err)
     cfg = Config(lattice=lattice, streams=streams, instant_seconds=instant, path=path, limits=limits,
                  cluster=cluster, sharing=sharing, groups=groups)

@@ -69,29 +69,26 @@ def master_of(args) -> str:
 
 
 def login(address: str, user: str, level: str = "", tls_dir: str | None = None, password: str | None = None):
-    """A logged-in client of the master at ``address`` (``host:port``, or the level's masters
+    """A logged-in client of the master at ``address`` (through the Python API, :func:`strata.api.connect`) (``host:port``, or the level's masters
     ``a:port,b:port``: the client logs in at the active one; ``password``: read from STRATA_PASSWORD or
     the terminal when not given)."""
-    from .client import Client, ClientError, LoginFailed  # deferred: strata.client loads pyarrow and the gRPC stubs
+    # deferred: the Python API (strata.client) loads pyarrow and the gRPC stubs
+    from .api import LoginFailed, StrataError, connect
 
     try:
-        c = Client(address, tls_dir=tls_dir, level=level or None)
+        return connect(address, user, level or None, tls_dir=tls_dir,
+                       password=read_password() if password is None else password).client
     except TlsError as e:
         raise CliError(str(e)) from None
     except ValueError as e:
         raise CliError(f"--master: {e}", EXIT_REJECTED) from None
-    try:
-        c.login(user, read_password() if password is None else password, level)
     except LoginFailed as e:
-        c.close()
         raise CliError(str(e), EXIT_LOGIN) from None
-    except ClientError as e:
-        c.close()
+    except StrataError as e:
         if e.code == "FAILED_PRECONDITION":  # a standby master: its one line names the active one
             raise CliError(e.details, EXIT_REJECTED) from None
         hint = "" if tls_dir else " (a TLS master needs --tls-dir with a client certificate of its level)"
         raise CliError(f"cannot reach master {address}: {e}{hint}") from None
-    return c
 
 
 def client_call(fn, *a, what: str = "", **kw):

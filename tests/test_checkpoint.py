@@ -36,6 +36,7 @@ from strata.mlscql import compile_query
 from .distributed import assert_reference, executors_of, released
 from .strategies import example_settings, multistream, queries
 from .tables import inputs_of, rows_of, two_per_instant
+from .test_adaptive import _Harness  # test_adaptive's harness, restarted here
 
 EXAMPLES, SETTINGS = example_settings("STRATA_CHECKPOINT_EXAMPLES", 15)
 
@@ -299,8 +300,6 @@ def _answer_some_all(core):
 def _run_with_restarts(config, level, texts, streams, executors, k, rnd, path: Path):
     """test_adaptive's harness with a store, restarted (after a checkpoint or from the whole log) at
     random points: whatever was in flight is lost with the old master, as with a real crash."""
-    from .test_adaptive import _Harness
-
     def fresh():
         core = MasterCore(config, level, chunk_instants=k, max_in_flight=rnd.randint(1, 3), chunk_retries=10**6,
                           store=MasterStore(path, config.lattice.parse(level), config_fingerprint(config)))

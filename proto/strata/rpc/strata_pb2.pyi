@@ -99,34 +99,46 @@ class IngestBatch(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., arrow: _Optional[bytes] = ..., labelled: _Optional[bool] = ..., advance_upto: _Optional[int] = ..., producer_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class IngestAck(_message.Message):
-    __slots__ = ("seq", "accepted", "dropped_by_shepherd", "error", "duplicate", "chunks")
+    __slots__ = ("seq", "accepted", "dropped_by_shepherd", "error", "duplicate", "chunks", "shed", "shed_first_ts", "shed_last_ts")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_BY_SHEPHERD_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIRST_TS_FIELD_NUMBER: _ClassVar[int]
+    SHED_LAST_TS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     accepted: int
     dropped_by_shepherd: int
     error: str
     duplicate: bool
     chunks: int
-    def __init__(self, seq: _Optional[int] = ..., accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., error: _Optional[str] = ..., duplicate: _Optional[bool] = ..., chunks: _Optional[int] = ...) -> None: ...
+    shed: int
+    shed_first_ts: int
+    shed_last_ts: int
+    def __init__(self, seq: _Optional[int] = ..., accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., error: _Optional[str] = ..., duplicate: _Optional[bool] = ..., chunks: _Optional[int] = ..., shed: _Optional[int] = ..., shed_first_ts: _Optional[int] = ..., shed_last_ts: _Optional[int] = ...) -> None: ...
 
 class IngestReply(_message.Message):
-    __slots__ = ("accepted", "dropped_by_shepherd", "rejected", "error", "chunks")
+    __slots__ = ("accepted", "dropped_by_shepherd", "rejected", "error", "chunks", "shed", "shed_first_ts", "shed_last_ts")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_BY_SHEPHERD_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIRST_TS_FIELD_NUMBER: _ClassVar[int]
+    SHED_LAST_TS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     dropped_by_shepherd: int
     rejected: int
     error: str
     chunks: int
-    def __init__(self, accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., rejected: _Optional[int] = ..., error: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
+    shed: int
+    shed_first_ts: int
+    shed_last_ts: int
+    def __init__(self, accepted: _Optional[int] = ..., dropped_by_shepherd: _Optional[int] = ..., rejected: _Optional[int] = ..., error: _Optional[str] = ..., chunks: _Optional[int] = ..., shed: _Optional[int] = ..., shed_first_ts: _Optional[int] = ..., shed_last_ts: _Optional[int] = ...) -> None: ...
 
 class AdvanceRequest(_message.Message):
     __slots__ = ("upto_ts", "finish")
@@ -179,7 +191,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ..., identity_key: _Optional[bytes] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings", "user", "roles", "queries", "cluster", "last_chunk_error")
+    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings", "user", "roles", "queries", "cluster", "last_chunk_error", "shedding")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +226,7 @@ class StatusReply(_message.Message):
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LAST_CHUNK_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SHEDDING_FIELD_NUMBER: _ClassVar[int]
     level: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     backlog_chunks: int
@@ -227,7 +240,54 @@ class StatusReply(_message.Message):
     queries: _containers.RepeatedCompositeFieldContainer[QueryStatus]
     cluster: bool
     last_chunk_error: str
-    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ..., user: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ..., cluster: _Optional[bool] = ..., last_chunk_error: _Optional[str] = ...) -> None: ...
+    shedding: ShedStatus
+    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ..., user: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ..., cluster: _Optional[bool] = ..., last_chunk_error: _Optional[str] = ..., shedding: _Optional[_Union[ShedStatus, _Mapping]] = ...) -> None: ...
+
+class InstantRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
+class ShedStatus(_message.Message):
+    __slots__ = ("mode", "active", "shed_backlog_rows", "resume_backlog_rows", "rows", "instants", "ranges", "ranges_total", "batches", "episodes")
+    class RowsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class InstantsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SHED_BACKLOG_ROWS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_BACKLOG_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    INSTANTS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    RANGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    active: bool
+    shed_backlog_rows: int
+    resume_backlog_rows: int
+    rows: _containers.ScalarMap[str, int]
+    instants: _containers.ScalarMap[str, int]
+    ranges: _containers.RepeatedCompositeFieldContainer[InstantRange]
+    ranges_total: int
+    batches: int
+    episodes: int
+    def __init__(self, mode: _Optional[str] = ..., active: _Optional[bool] = ..., shed_backlog_rows: _Optional[int] = ..., resume_backlog_rows: _Optional[int] = ..., rows: _Optional[_Mapping[str, int]] = ..., instants: _Optional[_Mapping[str, int]] = ..., ranges: _Optional[_Iterable[_Union[InstantRange, _Mapping]]] = ..., ranges_total: _Optional[int] = ..., batches: _Optional[int] = ..., episodes: _Optional[int] = ...) -> None: ...
 
 class QueryStatus(_message.Message):
     __slots__ = ("query_id", "text", "state", "last_ts", "error", "stopped_after")
