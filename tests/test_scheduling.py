@@ -457,4 +457,5 @@ def test_strata_slots_refuses_shared_and_a_missing_cluster_in_one_line(tmp_path,
     cfg.write_text(BATTLEFIELD_TOML + '\n[cluster]\nscheduler = "fixed_slot"\nslot_seconds = 1\n'
                                       'heartbeat_seconds = 2\n')
     r = strata("slots", "--state-dir", str(state))
-    assert r.returncode == 1 and "stops a level for up to 1.00 s" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 1 and "stops a level for up to 1.00 s" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -19,8 +19,9 @@ phase*: every block starts on the same point of a :data:`ROUND` grid of the test
 sends are ``ROUND + ROUND / BLOCK`` apart, so the i-th send of every block falls on the same phase of
 the gate's round.  Per phase, the mean latency with TS busy less the one with TS idle
 (:func:`paired`); the statistic is the median of those per-phase differences (robust to the
-transient after TS starts, below), reported with every phase's, each condition's median and 90th percentile, and the share of the time S's master was
-stopped (sampled every 5 ms): what S's timing can depend on, measured directly.  The master's
+transient after TS starts, below), reported with every phase's, each condition's median and 90th
+percentile, and the share of the time S's master was stopped (sampled every 5 ms): what S's timing
+can depend on, measured directly.  The master's
 linger (``[cluster] dispatch_linger``, which waits for more input for up to a job's time) is off:
 it reacts to S's own job times and only adds noise here.
 
@@ -43,13 +44,13 @@ add to one wait.  Round robin's channel measured +0.064 to +0.202 s (S stopped 0
 while TS was busy, 0.095-0.146 while it was idle); no gate at all (``shared``) +0.023 s (TS takes CPU
 from S, but on 2 cores S's short jobs mostly find one free).  Under fixed slots S was stopped the
 same share of the time either way (0.51 against 0.51, at most 0.01 apart), yet the median paired
-difference measured -0.014 to +0.069 s, mostly positive: a residual the gate does not remove (TS's
-big ingest is written and synced to the disk S's master syncs its own event log to, and TS's work
-runs through the caches S's runs next), largest right after TS starts (single phases up to +0.27 s;
-+0.04 to +0.06 s with a CPU-heavy join over 200 tuples an instant as TS's load instead).  Round
-robin's median paired difference was +0.064 in one run of five, as small as that residual.
-:data:`TOLERANCE` = 0.125 s, half a slot, bounds the residual (a gate that let TS's load decide when
-S runs would add up to a slot).
+difference measured -0.014 to +0.072 s, mostly positive: a residual the gate does not remove, most
+likely the disk (TS's big ingest is written and synced where S's master syncs its own event log)
+and the caches (TS's work runs through those S's runs next); it is largest right after TS starts
+(single phases up to +0.3 s; +0.04 to +0.06 s with a CPU-heavy join over 200 tuples an instant as
+TS's load instead).  Round robin's median paired difference was +0.064 and +0.065 s in two runs of
+seven, below that residual's largest.  :data:`TOLERANCE` = 0.125 s, half a slot, bounds the residual
+(a gate that let TS's load decide when S runs would add up to a slot).
 """
 
 from __future__ import annotations
