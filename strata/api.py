@@ -33,10 +33,10 @@ from .client import Client, IngestResult, LoginFailed, PermissionDenied, QueryRe
 from .client import ClientError as StrataError
 from .config import StreamSchema
 from .errors import CliError
-from .inputs import read_input
+from .inputs import batches_of, read_input
 
-__all__ = ["connect", "Session", "Query", "QueryState", "Status", "IngestResult", "StrataError", "LoginFailed",
-           "QueryRejected", "PermissionDenied", "SessionEnded", "QueryFailed", "BATCH_ROWS"]
+__all__ = ["connect", "status_view", "Session", "Query", "QueryState", "Status", "IngestResult", "StrataError",
+           "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded", "QueryFailed", "BATCH_ROWS"]
 
 #: rows per ingest batch (the CLI's default): the master logs and acknowledges each batch
 BATCH_ROWS = 65536
@@ -64,12 +64,14 @@ class QueryState:
 @dataclass(frozen=True)
 class Status:
     """:meth:`Session.status`: the level, this session's user and roles, its own queries; ``cluster``
-    (workers, backlog, counters, timings) for operators only, else None."""
+    (workers, backlog, counters, timings: the keys of ``strata status --json``) for operators only,
+    else None."""
     level: str
     user: str
     roles: tuple[str, ...]
     queries: tuple[QueryState, ...]
     cluster: dict | None
+    shedding: dict | None = None  # the level's load shedding, for every session (docs/semantics.md §10)
 
 
 def connect(master: str, user: str, level: str | None = None, *, tls_dir: str | None = None,
@@ -164,7 +166,7 @@ class Session:
         :class:`QueryRejected` with the master's one line (nothing after it was applied)."""
         table = self._table_of(stream, data)
         pid = producer_id or _derived_producer_id(stream, table, labelled, finish, batch_rows, self.level)
-        batches = [(stream, table.slice(off, batch_rows)) for off in range(0, table.num_rows, batch_rows)]
+        batches = list(batches_of([(stream, table)], batch_rows))
         result = self.client.ingest_stream(batches, pid, labelled=labelled, reconnect_seconds=reconnect_seconds)
         if result.error:
             raise QueryRejected(f"ingest stopped: {result.error}", "INVALID_ARGUMENT", result.error)
@@ -192,15 +194,11 @@ class Session:
     # ---- status ----------------------------------------------------------------------------------
     def status(self) -> Status:
         r = self.client.status()
+        view = status_view(r, [])
         queries = tuple(QueryState(q.query_id, q.text, q.state, q.last_ts, q.error) for q in r.queries)
-        cluster = None
-        if r.cluster:
-            cluster = {"workers": [{"sid": w.sid, "cpu": w.cpu, "state": w.state, "chunks_done": w.chunks_done,
-                                    "in_flight": w.in_flight} for w in r.workers],
-                       "backlog_chunks": r.backlog_chunks, "ready_chunks": r.ready_chunks,
-                       "lag_seconds": r.lag_seconds, "rejected": dict(r.rejected), "counters": dict(r.counters),
-                       "timings": dict(r.timings), "last_chunk_error": r.last_chunk_error}
-        return Status(r.level, r.user, tuple(r.roles), queries, cluster)
+        cluster = {k: v for k, v in view.items() if k not in ("level", "user", "roles", "queries", "shedding")}
+        return Status(r.level, r.user, tuple(r.roles), queries, cluster if r.cluster else None,
+                      view.get("shedding"))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _streams(self) -> dict[str, StreamSchema]:
@@ -252,6 +250,31 @@ class Query:
 
     def state(self) -> QueryState | None:
         return next((q for q in self.session.status().queries if q.query_id == self.query_id), None)
+
+
+def status_view(st, queries: list) -> dict:
+    """A StatusReply as ``strata status --json`` prints it (``queries``: the rows to show for its
+    queries); the one place a reply becomes a dict, for the CLI and :meth:`Session.status`."""
+    out = {"level": st.level, "user": st.user, "roles": list(st.roles), "queries": queries}
+    if st.HasField("shedding"):  # every session: the level's load shedding
+        sh = st.shedding
+        out["shedding"] = {"mode": sh.mode, "active": sh.active, "shed_backlog_rows": sh.shed_backlog_rows,
+                           "resume_backlog_rows": sh.resume_backlog_rows, "rows": dict(sh.rows),
+                           "instants": dict(sh.instants), "ranges": [[r.first, r.last] for r in sh.ranges],
+                           "ranges_total": sh.ranges_total, "batches": sh.batches, "episodes": sh.episodes}
+    if st.cluster:  # operators: the cluster part
+        out.update({
+            "workers": [{"sid": w.sid, "cpu": round(w.cpu, 1), "pid": w.pid, "state": w.state,
+                         "chunks_done": w.chunks_done, "in_flight": w.in_flight} for w in st.workers],
+            "backlog": st.backlog_chunks,
+            "ready": st.ready_chunks,
+            "lag": st.lag_seconds,
+            "rejected": dict(st.rejected),
+            "counters": dict(st.counters),
+            "timings": dict(st.timings),
+            "last_chunk_error": st.last_chunk_error,
+        })
+    return out
 
 
 def by_instant(table: pa.Table) -> Iterator[tuple[int, pa.Table]]:

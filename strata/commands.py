@@ -80,25 +80,9 @@ def cmd_status(args) -> int:
         st = client_call(c.status)
     finally:
         c.close()
-    out = {"level": st.level, "user": st.user, "roles": list(st.roles), "queries": _query_rows(st.queries)}
-    if st.HasField("shedding"):  # every session: the level's load shedding
-        sh = st.shedding
-        out["shedding"] = {"mode": sh.mode, "active": sh.active, "shed_backlog_rows": sh.shed_backlog_rows,
-                           "resume_backlog_rows": sh.resume_backlog_rows, "rows": dict(sh.rows),
-                           "instants": dict(sh.instants), "ranges": [[r.first, r.last] for r in sh.ranges],
-                           "ranges_total": sh.ranges_total, "batches": sh.batches, "episodes": sh.episodes}
-    if st.cluster:  # operators: the cluster part
-        out.update({
-            "workers": [{"sid": w.sid, "cpu": round(w.cpu, 1), "pid": w.pid, "state": w.state,
-                         "chunks_done": w.chunks_done, "in_flight": w.in_flight} for w in st.workers],
-            "backlog": st.backlog_chunks,
-            "ready": st.ready_chunks,
-            "lag": st.lag_seconds,
-            "rejected": dict(st.rejected),
-            "counters": dict(st.counters),
-            "timings": dict(st.timings),
-            "last_chunk_error": st.last_chunk_error,
-        })
+    from .api import status_view  # deferred: strata.api loads pyarrow and gRPC
+
+    out = status_view(st, _query_rows(st.queries))
     if args.json:
         print(json.dumps(out))
         return EXIT_OK
