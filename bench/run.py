@@ -31,6 +31,10 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
                with authentication and encryption, 1 and 2 executors of 1 core) and hosts (network
                namespaces with disjoint CPU sets, `strata deploy`), on the user's path; per-tuple and
                per-chunk costs of master and workers, and a projection to 1-16 hosts
+* ``streaming`` issue 35's streaming protocol (bench/streaming.py): the highest input rate each system sustains
+               at p99 <= 2 s (Strata on `strata up` with 2 workers vs Spark Structured Streaming in its own
+               JVM, same rows at the same pace, side by side), RANGE 10 s GROUP BY, ROWS 100 AVG, a windowed
+               join; catch-up from the same CSV (`strata replay` vs `availableNow`); ~1 h
 * ``micro``    the engine micro-benchmark (bench/engine_micro.py), not in the default set
 
 Every run's output is compared with the reference evaluator on sampled instants
@@ -61,7 +65,7 @@ from bench.e2e import BenchCluster, replay, _log  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 SECTIONS = ["userpath", "bf", "overhead", "mpath", "latency", "chunks", "alg5", "cw", "peers", "load", "memory",
-            "scaling"]
+            "scaling", "streaming"]
 
 QUICK = dict(bf_tuples=400_000, bf_per_instant=50_000, bf_workers=[2, 1], bf_queries=list(W.BF_QUERIES), reps=1,
              chunk=4, lat_tuples=400_000, lat_rate=50_000, lat_chunks=[1, 2, 4], chunk_lengths=[1, 2, 4, 8], chunk_tuples=800_000,
@@ -350,6 +354,14 @@ def sec_scaling(args, res: dict) -> None:
     scaling.run(args, res)
 
 
+def sec_streaming(args, res: dict) -> None:
+    """Issue 35's streaming protocol (bench/streaming.py): the highest input rate sustained at p99 <= 2 s,
+    Strata against Spark Structured Streaming side by side, and catch-up from the same CSV."""
+    from bench import streaming
+
+    streaming.run(args, res)
+
+
 def sec_micro(args, res: dict) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "engine_micro.py"), "--reps", "3"]
     if args.quick:
@@ -371,6 +383,9 @@ def main(argv=None) -> int:
                          "host per worker (dedicated: such figures are labelled injected)")
     ap.add_argument("--report-only", action="store_true", help="regenerate README and plots from results.json")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--seconds", type=int, help="streaming: measured seconds per rate step (default 60, quick 20)")
+    ap.add_argument("--queries", nargs="+", choices=["range", "rows", "join"], help="streaming: these queries only")
+    ap.add_argument("--no-catchup", dest="catchup", action="store_false", help="streaming: no catch-up runs")
     args = ap.parse_args(argv)
     args.p = QUICK if args.quick else FULL
     out = Path(args.out)

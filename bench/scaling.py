@@ -80,6 +80,7 @@ from strata.chunking.chunker import merge_chunks
 from strata.chunking.codec import encode_chunk
 from strata.chunking.prune import prune_chunk
 from strata.config import load_config, parse_config
+from strata.deploy import netns
 from strata.deploy.inventory import load_inventory
 from strata.deploy.local import alive
 from strata.deploy.units import group_env
@@ -459,88 +460,16 @@ def tasks_per_executor(d: Path) -> dict[str, int]:
 
 
 # ---- (c) hosts: network namespaces and strata deploy -----------------------------------------------------
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
-    return r
-
-
 def netns_unavailable() -> str | None:
-    """Why network namespaces cannot be made here (None: they can)."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces need Linux"
-    if shutil.which("ip") is None:
-        return "iproute2 `ip` not found"
-    if shutil.which("taskset") is None:
-        return "`taskset` not found"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root (CAP_NET_ADMIN)"
-    probe = f"scprobe{os.getpid()}"
-    r = _ip("netns", "add", probe, check=False)
-    if r.returncode != 0:
-        return f"`ip netns add` failed: {r.stderr.strip()}"
-    try:
-        r = _ip("-n", probe, "link", "add", "va", "type", "veth", "peer", "name", "vb", check=False)
-        if r.returncode != 0:
-            return f"cannot create a veth pair in a namespace: {r.stderr.strip()}"
-    finally:
-        _ip("netns", "delete", probe, check=False)
-    return None
+    """Why network namespaces cannot be made here (None: they can); the runs pin with ``taskset``."""
+    return netns.unavailable(tools=("taskset",))
 
 
-class Topology:
-    """A bridge namespace and one namespace per host, veth pairs into the bridge (as
-    tests/test_deploy_netns.py); only namespaces made here, removed with everything in them."""
+class Topology(netns.Topology):
+    """The benchmark's hosts (:data:`NETNS_HOSTS` on :data:`SUBNET`): strata.deploy.netns's namespaces."""
 
     def __init__(self, hosts: dict[str, int] = NETNS_HOSTS):
-        self.prefix = f"sc{os.getpid()}"
-        self.hosts = dict(hosts)
-        self.bridge = f"{self.prefix}-br"
-        self.ns = {h: f"{self.prefix}-{h}" for h in self.hosts}
-        self.created: list[str] = []
-
-    def address(self, host: str) -> str:
-        return f"{SUBNET}.{self.hosts[host]}"
-
-    def up(self) -> None:
-        br = self.bridge
-        _ip("netns", "add", br)
-        self.created.append(br)
-        _ip("-n", br, "link", "set", "lo", "up")
-        _ip("-n", br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
-        _ip("-n", br, "link", "set", "br0", "up")
-        for i, (host, ns) in enumerate(self.ns.items()):
-            _ip("netns", "add", ns)
-            self.created.append(ns)
-            _ip("-n", br, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("-n", br, "link", "set", f"v{i}", "master", "br0")
-            _ip("-n", br, "link", "set", f"v{i}", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
-
-    def link_bytes(self, host: str) -> int:
-        """rx + tx bytes of the host's link so far."""
-        out = json.loads(_ip("-j", "-s", "-n", self.ns[host], "link", "show", "dev", "eth0").stdout)[0]
-        st = out.get("stats64") or out.get("stats")
-        return int(st["rx"]["bytes"]) + int(st["tx"]["bytes"])
-
-    def down(self) -> None:
-        for ns in reversed(self.created):
-            for _ in range(50):
-                pids = [int(x) for x in _ip("netns", "pids", ns, check=False).stdout.split()]
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.1)
-            _ip("netns", "delete", ns, check=False)
-        self.created.clear()
+        super().__init__("sc", SUBNET, hosts)
 
 
 INVENTORY = """\

@@ -18,6 +18,12 @@ Since ``ts`` never decreases within a stream, both are sorted by ``ts`` and all
 selections are ``searchsorted`` slices (plus a pandas groupby-tail for
 PARTITION BY windows).
 
+A stream's committed tuples wait in a buffer until their instants close; only then are they
+fed to each query's items, through the query's input shields (:mod:`chunking.shield`: security
+punctuations and privacy switches, docs/semantics.md §11-12), so every punctuation and switch of
+an instant is in before its tuples reach a window.  A query sees only tuples pushed while it is
+registered (``_seq`` at or after its registration).  Stored relations are fed as they arrive.
+
 Adaptive chunking (issue 13): chunks are still *cut* every ``K`` instants as
 instants close (``K`` is the latency target for paced input, and a restarted
 master replaying its log cuts exactly the same chunks), but when several
@@ -37,12 +43,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata import punctuations
 from strata.arrowio import ARROW_TYPES
 from strata.config import OP_COLUMN, RELATION_OPS
 from strata.lattice import LevelError
 
 from . import filters, relations
 from .model import Chunk, ChunkResult, LegacyMode, QueryChunk, legacy_mode
+from .shield import Shields, SwitchError
 
 __all__ = ["Chunker", "ChunkingError", "stream_schema", "merge_chunks", "split_result"]
 
@@ -165,6 +173,10 @@ class _Query:
     last_instant: int | None = None  # the query's last instant emitted in a chunk
     state: pa.Table | None = None  # STATE mode: newest confirmed snapshot
     state_upto: int | None = None
+    #: who registered it (user, roles): what security punctuations decide for (shield.py)
+    principal: tuple = ("", frozenset())
+    attrs: dict = field(default_factory=dict)  # stream -> the attributes of it the query names
+    since: dict = field(default_factory=dict)  # stream -> the first _seq pushed while it is registered
 
 
 def _ts(t: pa.Table) -> np.ndarray:
@@ -258,11 +270,19 @@ class Chunker:
         self._next_seq: dict[str, int] = {name: 0 for name in config.streams}
         self._last_ts: dict[str, int] = {}
         self._schemas = {name: stream_schema(s) for name, s in config.streams.items()}
+        self._schemas[punctuations.STREAM] = stream_schema(punctuations.SCHEMA)
         self._added: dict[str, tuple] = {}  # streams added at run time: name -> columns
         #: stored relations: their live rows and the updates of chunks not closed yet
         self._relations = {name: relations.Relation(name, self._schemas[name])
                            for name, s in config.streams.items() if s.relation}
         self._next_chunk = 0  # every chunk with a smaller index is closed
+        #: security punctuations and privacy switches: applied to each query's part as instants close
+        self.shields = Shields()
+        self._punct_last_ts: int | None = None
+        #: committed tuples of streams (not relations) not fed to the queries yet: (table, window
+        #: conditions' results) per batch, fed when their instants close (``_drain``)
+        #: (its levels: a superset once the batch is split) per batch, fed when their instants close (``_drain``)
+        self._buffer: dict[str, list[tuple[pa.Table, dict, frozenset]]] = {}
         for qid, cq in (queries or {}).items():
             self.add_query(qid, cq)
 
@@ -280,8 +300,9 @@ class Chunker:
         """First instant not closed yet: a tuple with a smaller ts is late."""
         return self._next_chunk * self.K
 
-    def add_query(self, query_id: str, cq) -> None:
-        """Register ``cq``; it sees the tuples pushed from now on."""
+    def add_query(self, query_id: str, cq, principal: tuple | None = None) -> None:
+        """Register ``cq``; it sees the tuples pushed from now on.  ``principal``: (user, roles) of the
+        session that registered it, which security punctuations grant or deny."""
         if query_id in self._queries:
             raise ChunkingError(f"query {query_id!r} is already registered", "duplicate_query")
         mode = legacy_mode(cq)
@@ -318,7 +339,11 @@ class Chunker:
                     filter=w.filter,
                 )
             )
-        self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items)
+        attrs = {it.stream: punctuations.referenced_attributes(cq.query, self.config.streams[it.stream])
+                 for it in items if it.stream in self.config.streams}
+        user, roles = principal or ("", frozenset())
+        self._queries[query_id] = _Query(query_id, cq, mode, cq.r2s, items, principal=(user, frozenset(roles)),
+                                         attrs=attrs, since=dict(self._next_seq))
         for it in items:
             if it.kind == "relation":  # the relation as it is: live rows, then the updates not cut yet
                 rel = self._relations[it.stream]
@@ -328,6 +353,19 @@ class Chunker:
 
     def remove_query(self, query_id: str) -> None:
         self._queries.pop(query_id, None)
+
+    def set_switch(self, query_id: str, user: str, stream: str, on: bool, at: int | None = None):
+        """The initial privacy switch of (query, its owner, stream) on or off from instant ``at`` (default:
+        the first instant not closed); returns (the switch, whether it changed, the instant).  Raises
+        :class:`ChunkingError` for an instant already closed or before the switch's last change."""
+        at = self.closed_until if at is None else int(at)
+        if at < self.closed_until:
+            raise ChunkingError(f"instant {at} is closed (instants < {self.closed_until} are closed)", "late_switch")
+        try:
+            sw, changed = self.shields.set_switch(query_id, user, self._stream_name(stream), on, at)
+        except SwitchError as e:
+            raise ChunkingError(str(e), "bad_switch") from None
+        return sw, changed, at
 
     def add_stream(self, config) -> None:
         """Take ``config`` with a stream added at run time (``strata streams add``): its tuples are
@@ -346,6 +384,11 @@ class Chunker:
         used = {it.stream for qc in qcs for it in self._queries[qc.query_id].items}
         return tuple((n, cols) for n, cols in self._added.items() if n in used)
 
+    def streams_of(self, query_id: str) -> list[str]:
+        """The streams ``query_id`` reads (canonical names, in FROM order; none for an unknown query)."""
+        q = self._queries.get(query_id)
+        return list(dict.fromkeys(it.stream for it in q.items)) if q is not None else []
+
     def mode(self, query_id: str) -> LegacyMode:
         return self._queries[query_id].mode
 
@@ -359,6 +402,8 @@ class Chunker:
         check and before anything changes (the master logs the batch there); if it raises,
         nothing of the batch is applied and the exception propagates.
         """
+        if punctuations.is_punctuation_stream(stream):
+            return self._push_punctuations(table, before_commit)
         try:
             name = self._stream_name(stream)
         except ChunkingError as e:
@@ -401,14 +446,108 @@ class Chunker:
         self._next_seq[name] = seq0 + n
         self._last_ts[name] = int(t.column("ts")[n - 1].as_py())
         self.accepted += n
-        if rel is not None:
-            rel.recent.append(t)
+        if rel is None:  # fed to the queries when its instants close, under the shields of then
+            self._buffer.setdefault(name, []).append((t, passing, present))
+            return n
+        rel.recent.append(t)
         masks: dict[frozenset, pa.Array] = {}
         for q in self._queries.values():
             for it in q.items:
                 if it.stream == name:
                     self._feed(it, t, present, passing, masks)
         return n
+
+    def _push_punctuations(self, table, before_commit=None) -> int:
+        """A batch of security punctuations (strata/punctuations.py): checked like a stream's tuples
+        (columns, types, levels, ts order, not late) and parsed, all or nothing; they hold from their
+        instants on (shield.py)."""
+        try:
+            t, _ = self._normalize(punctuations.STREAM, table)
+            n = t.num_rows
+            if n:
+                first = int(t.column("ts")[0].as_py())
+                if self._punct_last_ts is not None and first < self._punct_last_ts:
+                    raise ChunkingError(f"punctuations: ts {first} is before the punctuations' last ts "
+                                        f"{self._punct_last_ts}", "ts_decreasing")
+                sps = punctuations.parse_batch(self.config, t.to_pylist())
+                per: dict = {}
+                for sp in sps:
+                    per[(sp.stream, sp.level, sp.ts)] = per.get((sp.stream, sp.level, sp.ts), 0) + 1
+                for (s_, lv, ts_), k in per.items():
+                    held = sum(len(x) for at, x in self.shields.history.get((s_, lv), ()) if at == ts_)
+                    if held + k > punctuations.MAX_POLICY_SPS:
+                        raise ChunkingError(f"punctuations: more than {punctuations.MAX_POLICY_SPS} for stream {s_} "
+                                            f"level {lv} at instant {ts_}", "oversized")
+        except punctuations.PunctuationError as e:
+            err = ChunkingError(str(e), "bad_punctuation")
+            self._reject(err, table)
+            raise err from None
+        except ChunkingError as e:
+            self._reject(e, table)
+            raise
+        if before_commit is not None:
+            before_commit(t)
+        if not n:
+            return 0
+        self.shields.add_punctuations(sps)
+        self._punct_last_ts = int(t.column("ts")[n - 1].as_py())
+        self.accepted += n
+        return n
+
+    def _drain(self, end_ts: int) -> None:
+        """Feed every query its part of the buffered tuples with ``ts <= end_ts`` (instants now closed:
+        every punctuation and switch of them is in), through its shields."""
+        for name, buf in self._buffer.items():
+            taken = []
+            while buf:
+                t, passing, present = buf[0]
+                ts = _ts(t)
+                k = int(np.searchsorted(ts, end_ts, side="right"))
+                if k == 0:
+                    break
+                if k == len(ts):
+                    taken.append((t, passing, present))
+                    buf.pop(0)
+                    continue
+                taken.append((t.slice(0, k), {f: m.slice(0, k) for f, m in passing.items()}, present))
+                buf[0] = (t.slice(k), {f: m.slice(k) for f, m in passing.items()}, present)
+                break
+            if len(taken) > 1:  # the closed instants' batches as one (one mask and one feed per query)
+                tables = [x[0] for x in taken]
+                passing = {f: pa.concat_arrays([x[1][f] for x in taken]) for f in taken[0][1]}
+                taken = [(pa.concat_tables(tables), passing, frozenset().union(*(x[2] for x in taken)))]
+            for t, passing, present in taken:
+                self._feed_all(name, t, passing, present)
+
+    def _passing(self, name: str, t: pa.Table) -> dict:
+        """The window conditions of the queries reading ``name`` on ``t`` (a checkpoint's buffer)."""
+        return {it.filter: filters.passes(it.filter, t) for q in self._queries.values() for it in q.items
+                if it.stream == name and it.filter is not None and t.num_rows}
+
+    def _feed_all(self, name: str, t: pa.Table, passing: dict, present: frozenset) -> None:
+        """``t``'s part to every query reading ``name``, through its shields (``present``: the levels of
+        ``t``, or a superset of them)."""
+        masks: dict[frozenset, pa.Array] = {}
+        seq0 = int(t.column("_seq")[0].as_py())
+        for q in self._queries.values():
+            mine = None  # this query's part of t, once computed
+            for it in q.items:
+                if it.stream != name:
+                    continue
+                if mine is None:
+                    keep = self.shields.mask(q.query_id, q.principal, name, q.attrs.get(name, ()), t)
+                    since = q.since.get(name, 0)
+                    if since > seq0:  # registered after some of these tuples were pushed
+                        old = t.column("_seq").to_numpy() >= since
+                        keep = old if keep is None else keep & old
+                    if keep is None:
+                        mine = (t, present, passing, masks)
+                    else:
+                        k = pa.array(keep)
+                        tt = t.filter(k)
+                        mine = (tt, frozenset(pc.unique(tt.column("level")).to_pylist()),
+                                {f: m.filter(k) for f, m in passing.items()}, {})
+                self._feed(it, *mine)
 
     @staticmethod
     def _feed(it: _Item, t: pa.Table, present: frozenset, passing: dict, masks: dict) -> None:
@@ -569,6 +708,7 @@ class Chunker:
         if end_chunk <= self._next_chunk:
             return []
         end_ts = end_chunk * self.K - 1
+        self._drain(end_ts)
         # chunk indices with at least one visible instant of some query
         idx = []
         for q in self._queries.values():
@@ -589,13 +729,14 @@ class Chunker:
             self._trim(q, boundary)
         for rel in self._relations.values():
             rel.fold(boundary)
+        self.shields.trim(boundary)
         return out
 
     def finish(self) -> list[Chunk]:
         """Close every chunk holding a pushed tuple (including a partial last chunk)."""
-        if not self._last_ts:
+        if not self._last_ts and self._punct_last_ts is None:
             return []
-        last = max(self._last_ts.values())
+        last = max([*self._last_ts.values(), *([self._punct_last_ts] if self._punct_last_ts is not None else [])])
         return self.close((last // self.K) * self.K + self.K - 1)
 
     def _cut(self, cid: int) -> Chunk:
@@ -722,11 +863,12 @@ class Chunker:
         same queries registered in the same order continues exactly as this one would."""
         meta = {"chunk_instants": self.K, "accepted": self.accepted, "rejected": dict(self.rejected),
                 "next_seq": dict(self._next_seq), "last_ts": dict(self._last_ts), "next_chunk": self._next_chunk,
-                "queries": []}
+                "queries": [], "shields": self.shields.export(), "punct_last_ts": self._punct_last_ts,
+                "buffer": {}}
         tables: dict[str, pa.Table] = {}
         for qi, q in enumerate(self._queries.values()):
             meta["queries"].append({"query_id": q.query_id, "last_instant": q.last_instant,
-                                    "state_upto": q.state_upto, "state": q.state is not None})
+                                    "state_upto": q.state_upto, "state": q.state is not None, "since": q.since})
             if q.state is not None:
                 tables[f"{qi}/state"] = q.state
             for i, it in enumerate(q.items):
@@ -736,6 +878,11 @@ class Chunker:
                 tables[f"{qi}/{i}/extra"] = pa.table({"ts": pa.array(extra, pa.int64())})
         for name, rel in self._relations.items():
             tables[f"relation/{name}/live"], tables[f"relation/{name}/recent"] = rel.export()
+        for name, buf in self._buffer.items():  # tuples not fed yet (their window conditions: again on import)
+            if buf:
+                meta["buffer"][name] = len(buf)
+                for i, (t, _, _) in enumerate(buf):
+                    tables[f"buffer/{name}/{i}"] = t
         return meta, tables
 
     def import_state(self, meta: dict, tables: dict[str, pa.Table]) -> None:
@@ -752,12 +899,22 @@ class Chunker:
         self._next_seq = {name: int(meta["next_seq"].get(name, 0)) for name in self._next_seq}
         self._last_ts = {str(k): int(v) for k, v in meta["last_ts"].items()}
         self._next_chunk = int(meta["next_chunk"])
+        self.shields.load(meta.get("shields"))
+        self._punct_last_ts = meta.get("punct_last_ts")
+        self._buffer = {}
+        for name, k in meta.get("buffer", {}).items():
+            for i in range(int(k)):
+                t = _stored(tables[f"buffer/{name}/{i}"], self._schemas[name])
+                self._buffer.setdefault(name, []).append(
+                    (t, self._passing(name, t), frozenset(pc.unique(t.column("level")).to_pylist())))
         for name, rel in self._relations.items():
             if f"relation/{name}/live" in tables:
                 rel.restore(_stored(tables[f"relation/{name}/live"], rel.schema),
                             _stored(tables[f"relation/{name}/recent"], rel.schema))
         for qi, (m, q) in enumerate(zip(meta["queries"], self._queries.values())):
             q.last_instant = m["last_instant"]
+            if "since" in m:
+                q.since = {str(k): int(v) for k, v in m["since"].items()}
             q.state_upto = m["state_upto"]
             q.state = tables[f"{qi}/state"] if m["state"] else None
             for i, it in enumerate(q.items):
@@ -773,7 +930,8 @@ class Chunker:
     def retained_rows(self) -> int:
         """Tuples held for all queries (history plus not yet cut)."""
         return sum(it.retained_rows for q in self._queries.values() for it in q.items) + \
-            sum(r.retained_rows for r in self._relations.values())
+            sum(r.retained_rows for r in self._relations.values()) + \
+            sum(x[0].num_rows for buf in self._buffer.values() for x in buf)
 
     def retained(self, query_id: str) -> list[int]:
         """Per FROM item of ``query_id``: retained history rows (excluding uncut ones)."""

@@ -460,7 +460,8 @@ def cmd_restart(args) -> int:
         p = restart_process(state_dir, name)
         out.append({"name": name, "address": p.get("address"), "pid": p["pid"],
                     "seconds": round(time.monotonic() - t0, 2)})
-        progress(f"{name} serving at {p.get('address')} again (pid {p['pid']})")
+        where = f"serving at {p['address']}" if p.get("address") else "running"  # the gate serves nothing
+        progress(f"{name} {where} again (pid {p['pid']})")
     print(json.dumps({"restarted": out}))
     return EXIT_OK
 

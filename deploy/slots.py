@@ -360,9 +360,13 @@ def release(procs: list[dict], timeout: float = 5.0) -> None:
 
 def start_gate(state_dir: Path, record: dict, scheduler: str, timeout: float = 30.0) -> dict | None:
     """Start the host's gate for the cluster of ``record`` (``strata up``, once the levels' processes
-    run) unless ``scheduler`` is ``shared``; record it in ``cluster.json`` and wait until it gates.
+    run) unless ``scheduler`` is ``shared`` or the record holds one level only; record it in ``cluster.json`` and wait until it gates.
     Raises CliError (its log's tail) if it exits instead."""
     if scheduler == "shared":
+        return None
+    levels = {p.get("level") for p in record.get("processes", []) if p.get("role") != GATE_ROLE}
+    if len(levels) < 2:  # one level runs in every slot: a gate would only read and signal
+        progress(f"one level on this host: no slot gate ({scheduler} schedules between levels)")
         return None
     state_dir = Path(state_dir)
     ready = state_dir / "run" / f"{GATE_NAME}.json"

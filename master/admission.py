@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.config import Limits, StreamError, stream_of
+from strata.punctuations import input_schema
 from strata.edge import EdgeError, conform, stream_targets
 from strata.names import MAX_NAME_CHARS
 
@@ -91,7 +92,7 @@ def conform_batch(config, stream: str, table, count: Count):
     refused (``bad_type``, ``oversized``) if a column's type is not accepted or the columns would
     decode to more than the transport's cap: sizes are those after decoding, counted first
     (:mod:`strata.edge`).  An unknown stream is left to the pipeline's message."""
-    schema = config.stream(stream) if isinstance(stream, str) else None
+    schema = input_schema(config, stream)
     if schema is None:
         return table
     if isinstance(table, pa.RecordBatch):

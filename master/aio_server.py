@@ -210,6 +210,9 @@ class AioMaster(rpc.MasterServicer):
     async def Streams(self, request, context):
         return await self._unary("Streams", request, context)
 
+    async def Access(self, request, context):
+        return await self._unary("Access", request, context)
+
     # -- streams -----------------------------------------------------------------------------------
     async def Subscribe(self, request, context):
         ctx = await self._enter(context)

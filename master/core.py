@@ -41,12 +41,15 @@ import pyarrow.compute as pc
 from strata.arrowio import from_ipc
 from strata.chunking.chunker import ChunkingError
 from strata.chunking.model import Chunk, ChunkResult
+from strata.chunking.shield import Switch
 from strata.config import Config, with_streams
 from strata.errors import one_line
 from strata.logs import RepeatLimiter
 from strata.mlscql import QueryError, compile_query
+from strata.punctuations import is_punctuation_stream
 
 from . import eventlog
+from .access import access_event, check_switch
 from .admission import (DEFAULT_ADVANCE_HORIZON, DEFAULT_MAX_TS, MAX_INGEST_BYTES, MAX_INGEST_ROWS, MAX_PRODUCER_ID,
                         BatchOutcome, Refused, check_horizon, check_limits, check_seq, conform_batch, declared_stream)
 from .dispatch import Dispatcher
@@ -134,8 +137,9 @@ class MasterCore:
         return self._threads.wait(timeout)
 
     # -- queries ------------------------------------------------------------------------
-    def register(self, user: str, texts: list[str]) -> list[QueryInfo]:
-        """Compile all texts first (all or nothing), then start them."""
+    def register(self, user: str, texts: list[str], roles=()) -> list[QueryInfo]:
+        """Compile all texts first (all or nothing), then start them.  ``roles``: the registering
+        session's (kept with each query: security punctuations grant or deny them)."""
         try:
             compiled = [compile_query(t, self.config, self.level) for t in texts]
         except Exception:  # QueryError: counted, then the caller gets the message
@@ -144,22 +148,23 @@ class MasterCore:
         out = []
         with self.cond:
             for text, cq in zip(texts, compiled):
-                out.append(self._start_query(f"q{next(self.query_ids)}", text, user, cq))
-                self.eventlog.append(eventlog.register_event(out[-1].query_id, user, text))
+                out.append(self._start_query(f"q{next(self.query_ids)}", text, user, cq, roles))
+                self.eventlog.append(eventlog.register_event(out[-1].query_id, user, text, out[-1].roles))
         return out
 
-    def _start_query(self, qid: str, text: str, user: str, cq=None) -> QueryInfo:
-        qid, cq = self.pipeline.add_query(text, query_id=qid, compiled=cq)
-        info = QueryInfo(qid, text, user, cq.rewritten, cq.r2s, [c.name for c in cq.outputs])
+    def _start_query(self, qid: str, text: str, user: str, cq=None, roles=()) -> QueryInfo:
+        roles = tuple(sorted(roles))
+        qid, cq = self.pipeline.add_query(text, query_id=qid, compiled=cq, principal=(user, frozenset(roles)))
+        info = QueryInfo(qid, text, user, cq.rewritten, cq.r2s, [c.name for c in cq.outputs], roles=roles)
         self.queries[qid] = info
         return info
 
-    def _restart_query(self, qid: str, text: str, user: str) -> None:
+    def _restart_query(self, qid: str, text: str, user: str, roles=()) -> None:
         """A logged registration again (restore).  A query this version no longer accepts (a limit
         tightened since it was registered: tests/test_query_depth.py) comes back failed, with its one
         line, instead of stopping the master from starting; the other queries go on."""
         try:
-            self._start_query(qid, text, user)
+            self._start_query(qid, text, user, roles=roles)
         except QueryError as e:
             self.queries[qid] = QueryInfo(qid, text, user, text, "", [], ended=True, revoked_after=-1, state="failed",
                                           error=f"no longer accepted by this version of Strata: {one_line(e)}")
@@ -221,6 +226,30 @@ class MasterCore:
             self.changes.notify()
             return qids
 
+    def access(self, by: str, user: str, qid: str, stream: str, on: bool) -> dict:
+        """A privacy switch (master/access.py): ``user``'s access to ``stream`` for query ``qid`` on or
+        off from the first instant not closed, made by operator ``by``; logged before it is applied.
+        Returns the switch's view with ``instant`` (where it takes effect) and ``changed``.  Raises
+        :class:`Refused` (counted) with one line."""
+        with self.cond:
+            info = self.queries.get(qid)
+            try:
+                name = check_switch(info, qid, user, stream, self._streams_of(qid) if info else [])
+            except Refused as e:
+                self.count_rejected(e.reason)
+                raise
+            at = self.pipeline.chunker.closed_until
+            sw = self.pipeline.chunker.shields.switches.get((qid, name)) or Switch(qid, user, name)
+            if sw.on_at(at) == on:  # already so (a grant of a never revoked switch too): nothing logged
+                return sw.view(at) | {"instant": at, "changed": False}
+            self.eventlog.write([access_event(qid, user, name, on, at, by)], what="switch")
+            sw, changed, at = self.pipeline.switch(qid, user, name, on, at)
+            self.changes.notify()
+            return sw.view(at) | {"instant": at, "changed": changed}
+
+    def _streams_of(self, qid: str) -> list[str]:
+        return self.pipeline.chunker.streams_of(qid)
+
     def owners(self) -> set[str]:
         with self.cond:
             return {i.owner for i in self.queries.values() if i.revoked_after is None}
@@ -260,7 +289,9 @@ class MasterCore:
         """One logged event's transition, without logging it again (:func:`eventlog.restore` replays a
         log through it); returns the chunks it cut.  Take it under :attr:`cond`."""
         if kind == "register":
-            self._restart_query(body["query_id"], body["text"], body["owner"])
+            self._restart_query(body["query_id"], body["text"], body["owner"], body.get("roles", ()))
+        elif kind == "access":
+            self.pipeline.switch(body["query_id"], body["user"], body["stream"], bool(body["on"]), int(body["at"]))
         elif kind == "remove":
             state = body.get("state") or ("cancelled" if body.get("reason") == "cancelled" else "revoked")
             self._stop_query(body["query_id"], body.get("revoked_after"), state, body.get("error") or "")
@@ -368,8 +399,8 @@ class MasterCore:
     def _shed_decision(self, stream: str, kept: pa.Table | None) -> Decision | None:
         """The load-shedding decision for a batch's kept rows (None: not shedding, or no rows), from this
         master's own backlog (master/shedding.py).  Take it under :attr:`cond`."""
-        if kept is None or not kept.num_rows or not self.shedder.enabled:
-            return None
+        if kept is None or not kept.num_rows or not self.shedder.enabled or is_punctuation_stream(stream):
+            return None  # punctuations are never shed: they govern the later instants too
         ts = instants_of(kept)
         if ts is None:
             return None
@@ -612,6 +643,9 @@ class MasterCore:
                 | {f"transport:{k}": v for k, v in self.refused.items()}
                 | {f"multicast:{k}": v for k, v in (self.group_rejected() if self.group_rejected else {}).items()},
                 "timings": self.timings.summary(),
+                "histograms": self.timings.histograms(),
+                "switches": [sw.view(self.pipeline.chunker.closed_until)
+                             for sw in self.pipeline.chunker.shields.switches.values()],
                 "last_chunk_error": d.last_chunk_error,
                 "counters": dict(self.pipeline.counters) | {"redispatched": d.redispatched,
                                                               "duplicates": self.pipeline.merger.duplicates,
@@ -627,7 +661,8 @@ class MasterCore:
                                                               "last_checkpoint_ms":
                                                                   int(1000 * log.last_checkpoint.get("seconds", 0)),
                                                               "queries": sum(i.revoked_after is None
-                                                                             for i in self.queries.values())}
+                                                                             for i in self.queries.values()),
+                                                              "punctuations": self.pipeline.chunker.shields.punctuations}
                 | (self.shedder.counters() if self.shedder.seen else {}),
             })
             return out

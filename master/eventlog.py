@@ -47,9 +47,9 @@ LogEvent = tuple[str, dict, "bytes | None"]
 
 
 # ---- what to log for each stimulus ------------------------------------------------------------------
-def register_event(query_id: str, owner: str, text: str) -> LogEvent:
-    """A query registered (restored as the same query id, owner and text)."""
-    return "register", {"query_id": query_id, "owner": owner, "text": text}, None
+def register_event(query_id: str, owner: str, text: str, roles=()) -> LogEvent:
+    """A query registered (restored as the same query id, owner, roles and text)."""
+    return "register", {"query_id": query_id, "owner": owner, "text": text, "roles": sorted(roles)}, None
 
 
 def stop_event(info: QueryInfo, reason: str) -> LogEvent:
@@ -192,7 +192,8 @@ def snapshot(core: "MasterCore") -> ckpt.Snapshot:
     """``core``'s state as of the newest logged event (take it under ``core.cond``; every logged
     event is applied under it)."""
     pmeta, tables, chunks = core.pipeline.export_state()
-    queries = [{"query_id": i.query_id, "text": i.text, "owner": i.owner, "rewritten": i.rewritten, "r2s": i.r2s,
+    queries = [{"query_id": i.query_id, "text": i.text, "owner": i.owner, "roles": list(i.roles),
+                "rewritten": i.rewritten, "r2s": i.r2s,
                 "columns": list(i.columns), "base": i.base, "dropped_upto": i.dropped_upto, "ended": i.ended,
                 "revoked_after": i.revoked_after, "state": i.state, "error": i.error, "last_ts": i.last_ts}
                for i in core.queries.values()]
@@ -240,13 +241,15 @@ def load(core: "MasterCore", snap: ckpt.Snapshot) -> int:
         core.add_stream(name, [tuple(c) for c in cols], log=False)
     infos = {q["query_id"]: q for q in meta["queries"]}
     for qid in meta["live"]:  # the chunker's queries, in their order
-        core.pipeline.add_query(infos[qid]["text"], query_id=qid)
+        core.pipeline.add_query(infos[qid]["text"], query_id=qid,
+                                principal=(infos[qid]["owner"], frozenset(infos[qid].get("roles", ()))))
     core.pipeline.import_state(meta["pipeline"], snap.tables, snap.chunks)
     top = 0
     for q in meta["queries"]:
         info = QueryInfo(q["query_id"], q["text"], q["owner"], q["rewritten"], q["r2s"], list(q["columns"]),
                          base=int(q["base"]), dropped_upto=q["dropped_upto"], ended=bool(q["ended"]),
-                         revoked_after=q["revoked_after"], state=q["state"], error=q["error"], last_ts=q["last_ts"])
+                         revoked_after=q["revoked_after"], state=q["state"], error=q["error"], last_ts=q["last_ts"],
+                         roles=tuple(q.get("roles", ())))
         info.results = snap.results.get(info.query_id, [])
         info.kept_rows = sum(r.rows.num_rows for r in info.results)
         core.queries[info.query_id] = info

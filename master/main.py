@@ -8,6 +8,7 @@ from strata.cli_support import add_chunk_seconds, chunk_instants_of, config_of, 
 from strata.cpusets import pin_current_process
 from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
 from strata.groups import level_slug
+from strata.private import private_dir
 from strata.serving import add_process_options, exit_now, group_spec_of, progress, ready_writer, server_tls, \
     start_logging
 from strata.users import UserStore
@@ -35,6 +36,9 @@ def cmd_master(args) -> int:
     state_path = None
     if args.state_file and not args.no_persist:
         state_path = Path(args.state_file)
+    elif cfg.group(level).data_dir and not args.no_persist:  # [groups."L"] data_dir: the level's own disk
+        data = private_dir(cfg.group(level).data_path(cfg.path), f'[groups."{level}"] data_dir')
+        state_path = data / f"master-{level_slug(level)}.sqlite"
     elif args.state_dir and not args.no_persist:
         state_path = Path(args.state_dir) / f"master-{level_slug(level)}.sqlite"
     elif not args.no_persist:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata import punctuations
 from strata.chunking.chunker import Chunker, ChunkingError
 from strata.chunking.model import Chunk, ChunkResult
 from strata.config import Config
@@ -89,15 +90,16 @@ class QueryPipeline:
         self.sharing = SharedPlan("replicated", config.instant_seconds, config.lattice)
 
     # -- queries ----------------------------------------------------------------------
-    def add_query(self, text: str, query_id: str | None = None,
-                  compiled: CompiledQuery | None = None) -> tuple[str, CompiledQuery]:
+    def add_query(self, text: str, query_id: str | None = None, compiled: CompiledQuery | None = None,
+                  principal: tuple | None = None) -> tuple[str, CompiledQuery]:
         """Compile at the master's level (raises QueryError) and start feeding it.
 
-        ``compiled``: ``text`` already compiled at this level (not compiled again).
+        ``compiled``: ``text`` already compiled at this level (not compiled again).  ``principal``:
+        (user, roles) of the session registering it (what security punctuations grant or deny).
         """
         cq = compiled if compiled is not None else compile_query(text, self.config, self.level)
         qid = query_id or f"q{next(self._ids)}"
-        self.chunker.add_query(qid, cq)
+        self.chunker.add_query(qid, cq, principal)
         self.queries[qid] = cq
         try:
             decisions = self.sharing.add(qid, cq)
@@ -134,6 +136,23 @@ class QueryPipeline:
         """The sharing decisions among this level's queries (see ``strata explain``)."""
         return {"enabled": self.sharing_enabled, **self.sharing.to_json()}
 
+    # -- privacy switches (paper 004; docs/semantics.md §12) -------------------------------------
+    def switch(self, query_id: str, user: str, stream: str, on: bool, at: int | None = None):
+        """``user``'s access to ``stream`` for ``query_id`` on or off from instant ``at`` (default: the
+        first instant not closed): the initial switch (the chunker keeps the stream's tuples of off
+        instants out of the query's input) and the terminal switch (:meth:`terminal`).  Returns (the
+        switch, whether it changed, the instant)."""
+        return self.chunker.set_switch(query_id, user, stream, on, at)
+
+    def terminal(self, query_id: str, rows: pa.Table) -> pa.Table:
+        """The terminal switch: ``rows`` of ``query_id`` without those at instants when its owner's
+        access to one of its streams is off."""
+        sh = self.chunker.shields
+        if rows is None or not rows.num_rows or "ts" not in rows.column_names or not sh.query_switched(query_id):
+            return rows
+        off = sh.terminal_off(query_id, rows.column("ts").to_numpy())
+        return rows.filter(pa.array(~off)) if off.any() else rows
+
     # -- input ---------------------------------------------------------------------------
     def screen(self, stream: str, table: pa.Table, source_level: str | None = None) -> tuple[str, pa.Table, int]:
         """(stream name, rows the master may hold, rows dropped): the stream name is checked
@@ -143,7 +162,7 @@ class QueryPipeline:
         ``source_level``: the level of a source session; its tuples are stamped with it and may
         carry no other.  ``None``: labelled input (replay of a file whose rows carry levels).
         """
-        schema = self.config.stream(stream) if isinstance(stream, str) else None
+        schema = punctuations.input_schema(self.config, stream)
         if schema is None:
             raise ChunkingError(f"unknown stream {stream!r} (streams: {', '.join(self.config.streams)})",
                                 "unknown_stream")
@@ -239,14 +258,16 @@ class QueryPipeline:
                 if q in self.queries:
                     if r.error:
                         ets = int(r.error_ts) if r.error_ts is not None else firsts.get(q, chunk.first_ts)
-                        out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, _ts_at_most(r.rows, ets - 1),
+                        out.append(Released(q, cid, chunk.first_ts, chunk.last_ts,
+                                            self.terminal(q, _ts_at_most(r.rows, ets - 1)),
                                             one_line(r.error) or "evaluation failed", ets))
                         self.remove_query(q, after=ets - 1)
                         self.counters["failed_queries"] += 1
                     else:
-                        out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, r.rows))
+                        out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, self.terminal(q, r.rows)))
                 elif q in self.stopped and chunk.first_ts <= self.stopped[q]:
-                    out.append(Released(q, cid, chunk.first_ts, chunk.last_ts, _ts_at_most(r.rows, self.stopped[q])))
+                    out.append(Released(q, cid, chunk.first_ts, chunk.last_ts,
+                                        self.terminal(q, _ts_at_most(r.rows, self.stopped[q]))))
         return out
 
     def recorded(self, chunk_id: int) -> bool:

@@ -47,6 +47,7 @@ class QueryInfo:
     state: str = "running"  # running, cancelled, failed, revoked (shown as ended once a running query ends)
     error: str = ""  # failed: the one-line reason its owner sees
     last_ts: int | None = None  # the last instant released for it
+    roles: tuple = ()  # the registering session's roles (security punctuations grant or deny them)
 
     @property
     def shown_state(self) -> str:

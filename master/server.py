@@ -119,7 +119,7 @@ class MasterServicer(rpc.MasterServicer):
         INTERNAL with one line, logged here once with its traceback."""
         s = self.require(context, ("analyst",), "Register")
         try:
-            infos = self.core.register(s.principal.user, list(request.queries))
+            infos = self.core.register(s.principal.user, list(request.queries), roles=s.principal.roles)
         except QueryError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))  # one line (QueryError)
         except RecursionError:
@@ -277,6 +277,16 @@ class MasterServicer(rpc.MasterServicer):
         self._replicated()
         return _stream_info(view, added=True, created=created)
 
+    def Access(self, request, context):
+        """A privacy switch (operator of this level; master/access.py): thin over the core."""
+        s = self.require(context, ("operator",), "Access")
+        try:
+            v = self.core.access(s.principal.user, request.user, request.query_id, request.stream, request.grant)
+        except Refused as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self._replicated()
+        return pb.AccessReply(switch=_switch_status(v), instant=v["instant"], changed=v["changed"])
+
     def Streams(self, request, context):
         self.session(context)
         return pb.StreamsReply(streams=[_stream_info(v, v["added"]) for v in self.core.streams()])
@@ -305,7 +315,9 @@ class MasterServicer(rpc.MasterServicer):
         if self.extra_counters is not None:
             reply.counters.update({k: int(v) for k, v in self.extra_counters().items()})
         reply.timings.update(st.get("timings", {}))
+        reply.histograms.update(st.get("histograms", {}))
         reply.last_chunk_error = st.get("last_chunk_error", "")
+        reply.switches.extend(_switch_status(v) for v in st.get("switches", []))
         return reply
 
     @staticmethod
@@ -318,6 +330,12 @@ class MasterServicer(rpc.MasterServicer):
             resume_backlog_rows=shed["resume_backlog_rows"], rows=shed["rows"], instants=shed["instants"],
             ranges=[pb.InstantRange(first=a, last=b) for a, b in shed["ranges"]], ranges_total=shed["ranges_total"],
             batches=shed["batches"], episodes=shed["episodes"]))
+
+
+def _switch_status(v: dict) -> pb.SwitchStatus:
+    return pb.SwitchStatus(query_id=v["query_id"], user=v["user"], stream=v["stream"], state=v["state"],
+                           since=v["since"], access_counter=v["access_counter"], blocked=v["blocked"],
+                           passed=v["passed"])
 
 
 def _add_batch(reply: pb.IngestReply, apply) -> bool:

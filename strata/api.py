@@ -34,6 +34,7 @@ from .client import ClientError as StrataError
 from .config import StreamSchema
 from .errors import CliError
 from .inputs import batches_of, read_input
+from .punctuations import SCHEMA as PUNCTUATION_SCHEMA
 
 __all__ = ["connect", "status_view", "Session", "Query", "QueryState", "Status", "IngestResult", "StrataError",
            "LoginFailed", "QueryRejected", "PermissionDenied", "SessionEnded", "QueryFailed", "BATCH_ROWS"]
@@ -191,6 +192,20 @@ class Session:
         self.client.add_stream(name, attributes)
         self._schemas = None
 
+    # ---- access control (docs/semantics.md §11-12) -----------------------------------------------
+    def punctuate(self, data, *, labelled: bool = False, finish: bool = False) -> IngestResult:
+        """Send security punctuations (a table, DataFrame or CSV/JSON-lines file with the columns of
+        ``strata.punctuations.SCHEMA``) through the ordinary, exactly-once ingest path (the producer role)."""
+        return self.ingest(PUNCTUATION_SCHEMA.name, data, labelled=labelled, finish=finish)
+
+    def access(self, user: str, query: Query | str, stream: str, grant: bool) -> dict:
+        """A privacy switch (the operator role): ``user``'s access to ``stream`` for ``query`` on (``grant``)
+        or off from the master's first instant not closed; returns the instant and the switch's counters."""
+        r = self.client.access(user, query.query_id if isinstance(query, Query) else query, stream, grant)
+        w = r.switch
+        return {"instant": r.instant, "changed": r.changed, "state": w.state, "access_counter": w.access_counter,
+                "blocked": w.blocked, "passed": w.passed}
+
     # ---- status ----------------------------------------------------------------------------------
     def status(self) -> Status:
         r = self.client.status()
@@ -205,6 +220,7 @@ class Session:
         if self._schemas is None:
             self._schemas = {s.name.lower(): StreamSchema(s.name, tuple((a.name, a.type) for a in s.attributes))
                              for s in self.client.streams()}
+            self._schemas[PUNCTUATION_SCHEMA.name] = PUNCTUATION_SCHEMA  # the reserved stream of punctuations
         return self._schemas
 
     def _table_of(self, stream: str, data) -> pa.Table:
@@ -272,7 +288,11 @@ def status_view(st, queries: list) -> dict:
             "rejected": dict(st.rejected),
             "counters": dict(st.counters),
             "timings": dict(st.timings),
+            "histograms": dict(st.histograms),
             "last_chunk_error": st.last_chunk_error,
+            "switches": [{"query_id": w.query_id, "user": w.user, "stream": w.stream, "state": w.state,
+                          "since": w.since, "access_counter": w.access_counter, "blocked": w.blocked,
+                          "passed": w.passed} for w in st.switches],
         })
     return out
 

@@ -143,12 +143,15 @@ def cmd_explain(args) -> int:
             raise CliError(prefix + str(e).replace("\n", " "), EXIT_REJECTED) from None
     if len(compiled) == 1 and not args.sharing:
         cq = compiled[0]
+        shields = shield_lines(cq, cfg) if args.access else []
         if args.json:
-            print(json.dumps(cq.to_json(), ensure_ascii=False))
+            print(json.dumps(cq.to_json() | ({"shields": shields} if args.access else {}), ensure_ascii=False))
         else:
             print(cq.rewritten)
             for n in cq.notes:
                 print(f"-- {n}")
+            for line in shields:
+                print(f"-- {line}")
         return EXIT_OK
     from .sharing.explain import explain_sharing, render_sharing
 
@@ -158,6 +161,32 @@ def cmd_explain(args) -> int:
     else:
         print(render_sharing(report))
     return EXIT_OK
+
+
+def shield_lines(cq, cfg) -> list[str]:
+    """Where the master's input shields sit for a compiled query (docs/semantics.md §11-12): one line per
+    stream it reads, before the stream's windows."""
+    from .punctuations import referenced_attributes  # deferred: imports numpy, kept out of `strata --help`
+
+    out = []
+    for stream, levels in _stream_levels(cq).items():
+        s = cfg.stream(stream)
+        if s is None or s.relation:
+            continue
+        attrs = referenced_attributes(cq.query, s)
+        order = ", ".join(cfg.lattice.sort(levels))
+        out.append(f"shield: {s.name} before its windows (the security punctuations of levels {order} in force at "
+                   f"each tuple's instant, for the query's user and roles, attributes "
+                   f"{', '.join(attrs) or 'none'}; then the query's privacy switch for {s.name})")
+    return out
+
+
+def _stream_levels(cq) -> dict[str, set]:
+    out: dict[str, set] = {}
+    for f, info in zip(cq.query.from_, cq.items):
+        w = f.window
+        out.setdefault(info.stream, set()).update((w.instants or w.levels) if w is not None and w.levels else ())
+    return out
 
 
 def _explain_queries(args) -> list[tuple[str, str]]:
@@ -242,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sharing analysis: replicated shares within a level only (the cluster), "
                          "trusted also across levels (dissertation §6.3)")
     ex.add_argument("--sharing", action="store_true", help="show sharing analysis even for one query")
+    ex.add_argument("--access", action="store_true", help="also show where the master's access shields sit "
+                                                          "(security punctuations, privacy switches)")
     ex.set_defaults(func=cmd_explain)
 
     for register in _EXTENSIONS:

@@ -605,6 +605,15 @@ class Client:
         except grpc.RpcError as e:
             raise _error(e) from None
 
+    def access(self, user: str, query_id: str, stream: str, grant: bool) -> pb.AccessReply:
+        """A privacy switch (operator): ``user``'s access to ``stream`` for ``query_id`` on (``grant``) or off
+        from the master's first instant not closed."""
+        try:
+            return self.stub.Access(pb.AccessRequest(user=user, query_id=query_id, stream=stream, grant=grant),
+                                    metadata=self._md, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+
     def streams(self) -> list[pb.StreamInfo]:
         """The streams this master accepts (its configuration's, then those added at run time)."""
         try:

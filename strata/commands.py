@@ -111,6 +111,9 @@ def cmd_status(args) -> int:
             print("  counters: " + ", ".join(f"{k}={v}" for k, v in sorted(out["counters"].items())))
         if out["last_chunk_error"]:
             print(f"  last chunk error: {out['last_chunk_error']}")
+        for sw in out.get("switches", []):
+            print(f"  switch {sw['query_id']}/{sw['user']}/{sw['stream']}: {sw['state']} since {sw['since']}, "
+                  f"access counter {sw['access_counter']}, blocked {sw['blocked']}, passed {sw['passed']}")
         t = out["timings"]
         if t:
             print(f"  last {int(t['chunks'])} chunks, ms p50/p99: " + ", ".join(
@@ -274,6 +277,22 @@ def cmd_streams(args) -> int:
         return EXIT_OK
     finally:
         c.close()
+
+
+def cmd_access(args) -> int:
+    """``strata access revoke|grant --user U --query Q --stream S --operator OP``: a privacy switch
+    (docs/semantics.md §12), made by operator OP of the master's level (who logs in)."""
+    c = login(master_of(args), args.operator, client_level(args), client_tls(args))
+    try:
+        r = client_call(c.access, args.user, args.query, args.stream, args.action == "grant")
+    finally:
+        c.close()
+    sw = r.switch
+    what = "granted" if args.action == "grant" else "revoked"
+    progress(f"{sw.user}'s access to {sw.stream} for query {sw.query_id} " +
+             (f"{what} from instant {r.instant}" if r.changed else f"already {sw.state} (nothing changed)") +
+             f"; access counter {sw.access_counter}, tuples blocked {sw.blocked}, passed {sw.passed}")
+    return EXIT_OK
 
 
 def cmd_ingest(args) -> int:
@@ -446,6 +465,22 @@ def add_parsers(sub) -> None:
     sl.add_argument("--format", choices=["text", "json"], default="text")
     for p in (sa, sl):
         p.set_defaults(func=cmd_streams)
+
+    ac = sub.add_parser("access", help="`access revoke|grant --user U --query Q --stream S --operator OP`: a "
+                                       "privacy switch, from the next instant (operator)")
+    acsub = ac.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in (("revoke", "turn U's access to S for query Q off from the first instant not closed"),
+                       ("grant", "turn it on again from the first instant not closed")):
+        p = acsub.add_parser(name, help=text)
+        p.add_argument("--config", required=True)
+        p.add_argument("--master", help="the master's host:port (default: the configuration's)")
+        p.add_argument("--operator", required=True, help="the operator who logs in (password from STRATA_PASSWORD)")
+        p.add_argument("--level", help="login level (default: the master's)")
+        p.add_argument("--tls-dir", help="client certificate from `strata certs` (default: $STRATA_TLS_DIR)")
+        p.add_argument("--user", required=True, help="the query's owner whose access changes")
+        p.add_argument("--query", required=True, help="query id (strata query list)")
+        p.add_argument("--stream", required=True, help="a stream the query reads")
+        p.set_defaults(func=cmd_access)
 
     adv = sub.add_parser("advance", help="close instants up to a timestamp (producer) or finish the input "
                                          "(producer or operator)")

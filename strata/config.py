@@ -220,6 +220,11 @@ def path_text() -> Check:
                  lambda v: isinstance(v, str) and bool(v.strip()), str.strip, bad=("", " ", 1))
 
 
+def dir_text() -> Check:
+    return Check("must be the path of a directory (relative to the config file)",
+                 lambda v: isinstance(v, str) and bool(v.strip()), str.strip, bad=("", " ", 1))
+
+
 def cpu_list() -> Check:
     return Check('must be a CPU list like "0-1,3"', lambda v: True, parse_cpus, error=CpuSetError,
                  bad=("zero", "3-1", "", True))
@@ -363,6 +368,11 @@ class GroupSettings:
                                         "to the config file (default: strata up makes one in its state directory)",
                                   path_text())
     key: bytes | None = option(None, "the level's group key itself, in hex (prefer key_file)", hex_key())
+    data_dir: str | None = option(None, "where the level's master keeps its event log and the level's local Spark "
+                                        "sessions their scratch files, relative to the config file (default: the "
+                                        "state directory); a directory per level on a device of its own keeps one "
+                                        "level's disk traffic out of another's timing (docs/scheduling.md)",
+                                  dir_text())
     cpus: frozenset[int] | None = option(None, "the level's CPUs in Linux's cpuset syntax; disjoint from every other "
                                                "level's (default: not pinned)", cpu_list())
     masters: tuple[str, ...] = option((), "the level's active and standby masters, HOST:PORT (clients try each)",
@@ -386,6 +396,13 @@ class GroupSettings:
             return None
         kf = Path(self.key_file)
         return config_path.parent / kf if not kf.is_absolute() and config_path is not None else kf
+
+    def data_path(self, config_path: Path | None) -> Path | None:
+        """``data_dir`` relative to the directory of the config file at ``config_path``."""
+        if self.data_dir is None:
+            return None
+        d = Path(self.data_dir)
+        return config_path.parent / d if not d.is_absolute() and config_path is not None else d
 
 
 #: every section's dataclass, by the TOML table it reads

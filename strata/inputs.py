@@ -97,8 +97,11 @@ def read_input(cfg, stream: str, path: str):
 
 
 def _stream_schema(cfg, stream: str):
-    """The schema of ``stream``, or the one line refusing an unknown name."""
-    schema = cfg.stream(stream)
+    """The schema of ``stream`` (also the reserved stream of security punctuations), or the one line
+    refusing an unknown name."""
+    from .punctuations import input_schema  # deferred: strata --help stays light (it imports users, config)
+
+    schema = input_schema(cfg, stream)
     if schema is None:
         raise CliError(f"unknown stream {stream!r} (streams: {', '.join(cfg.streams)})", EXIT_REJECTED)
     return schema

@@ -18,7 +18,8 @@ Who may scrape, two checks like every other link of the level:
 The metrics (all gauges or counters of the status's values; ``level`` is a label of ``strata_info``):
 workers (cpu, chunks done, in flight), backlog and ready chunks, lag in instants, the counters
 (``strata_events_total{event=...}``), refusals (``strata_rejected_total{reason=...}``), and the last
-chunks' timings per stage (``strata_chunk_milliseconds{stage, quantile}``).  docs/operations.md
+chunks' timings per stage (``strata_chunk_milliseconds{stage, quantile}``), and every chunk's since the
+master started as histograms (``strata_chunk_seconds{stage}``: wait, rtt, engine, transport, latency).  docs/operations.md
 *Metrics* has the scrape configuration and docs/grafana/strata.json a dashboard.
 """
 
@@ -34,7 +35,7 @@ import ssl
 import threading
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -86,6 +87,9 @@ def families(reply) -> list:
         else:
             extra[k] = v
     out += [events, rejected, timing]
+    hist = histogram_family(dict(reply.histograms))
+    if hist is not None:
+        out.append(hist)
     if extra:  # chunks (units timed), merged_p50 / merged_max (chunks per unit)
         g = GaugeMetricFamily("strata_chunk_timing", "the units behind strata_chunk_milliseconds: how many "
                               "(chunks) and chunks per unit (merged_p50, merged_max)", labels=["value"])
@@ -93,6 +97,29 @@ def families(reply) -> list:
             g.add_metric([k], v)
         out.append(g)
     return out
+
+
+def histogram_family(h: dict):
+    """``strata_chunk_seconds{stage}``: every dispatch unit since the master started, per stage (wait,
+    rtt, engine, transport, latency = ready to result), from the status's cumulative counts
+    (master/timings.py); None before the first unit."""
+    stages: dict[str, dict] = {}
+    for k, v in h.items():
+        stage, _, rest = k.partition("_")
+        st = stages.setdefault(stage, {"buckets": []})
+        if rest.startswith("le_"):
+            st["buckets"].append((rest[3:], v))
+        else:
+            st[rest] = v
+    if not stages:
+        return None
+    fam = HistogramMetricFamily("strata_chunk_seconds", "every dispatch unit since the master started: seconds per "
+                                "stage (wait: closed to sent; rtt: sent to result; engine; transport; latency: "
+                                "closed to result)", labels=["stage"])
+    for stage, st in sorted(stages.items()):
+        buckets = sorted(st["buckets"], key=lambda b: float(b[0]))
+        fam.add_metric([stage], [(b, n) for b, n in buckets], sum_value=st.get("sum", 0.0))
+    return fam
 
 
 def render(reply) -> bytes:

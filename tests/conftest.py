@@ -59,10 +59,13 @@ def ledger(request):
 
 @pytest.fixture(scope="module")
 def engines(spark, battlefield, chinese_wall, ledger):
-    """Three Spark engines (as many workers) per config, by ``id(config)``: battlefield, chinese_wall, ledger."""
+    """Three Spark engines (as many workers) per config, by ``id(config)``: battlefield, chinese_wall, ledger.
+    ``STRATA_TEST_PARTIALS=on|off``: their pre-aggregation switch (``Engine.partials``; default auto),
+    e.g. the differential tests on the partial-aggregate path for every single-item aggregate."""
     from strata.worker.engine import Engine
 
-    return {id(c): [Engine(spark, c) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
+    partials = os.environ.get("STRATA_TEST_PARTIALS", "auto")
+    return {id(c): [Engine(spark, c, partials=partials) for _ in range(3)] for c in (battlefield, chinese_wall, ledger)}
 
 
 @pytest.fixture(scope="session")
@@ -96,13 +99,14 @@ def pytest_addoption(parser):
 #: on purpose: tests/test_slot_timing.py and test_scheduling.py measure a gate's timing, which a Ray
 #: or Spark cluster test beside them disturbs (started first, next to test_ray_hosts.py, they failed
 #: once: slot edges 40 ms late on average); collected late, they ran beside lighter files.
-LONG_FILES = {"test_cluster_e2e.py": 180, "test_ray_hosts.py": 125, "test_deploy_spark.py": 115,
+LONG_FILES = {"test_cluster_e2e.py": 140, "test_ray_hosts.py": 125, "test_deploy_spark.py": 115,
               "test_relations.py": 100, "test_exactly_once.py": 90, "test_deploy_ssh.py": 86,
               "test_subqueries.py": 80, "test_setops.py": 66, "test_shedding.py": 60, "test_failures.py": 53,
               "test_scaler.py": 40, "test_adaptive.py": 38, "test_checkpoint.py": 32, "test_differential.py": 32,
               "test_elastic.py": 30, "test_window_filters.py": 29, "test_spark_cluster.py": 27,
               "test_heartbeats_e2e.py": 24, "test_deploy_netns.py": 22, "test_level_safety.py": 19,
-              "test_metrics.py": 30, "test_api.py": 20}
+              "test_metrics.py": 30, "test_api.py": 20, "test_access_e2e.py": 30, "test_access_differential.py": 20,
+              "test_file_modes.py": 20, "test_range_partials.py": 15}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -41,8 +41,14 @@ class Output:
 
 def run_distributed(config, level: str, texts: list[str], inputs: dict[str, pa.Table], executors: list,
                     chunk_instants: int = 1, rnd: random.Random | None = None, prune: bool = False,
-                    incremental: bool = False) -> dict[str, Output]:
+                    incremental: bool = False, principal: tuple | None = None,
+                    switches: tuple = ()) -> dict[str, Output]:
     """Outputs per query id (``q1``, ``q2``… in the order of ``texts``).
+
+    ``principal``: (user, roles) every query is registered for (security punctuations in ``inputs``
+    under ``strata.punctuations.STREAM`` decide for it); ``switches``: (query index, stream, off
+    from, on again or None), set before any input, applied by the pipeline (the initial switch)
+    and, as the master does on release, to the assembled rows (the terminal switch).
 
     ``executors``: SharedExecutors (one per simulated worker); each chunk goes to a random
     one.  ``incremental``: chunks are cut one at a time and each result is confirmed before
@@ -50,7 +56,7 @@ def run_distributed(config, level: str, texts: list[str], inputs: dict[str, pa.T
     chunks are cut first and complete in a random order.
     """
     rnd = rnd or random.Random(0)
-    p, ids, chunks = _setup(config, level, texts, inputs, chunk_instants, incremental)
+    p, ids, chunks = _setup(config, level, texts, inputs, chunk_instants, incremental, principal, switches)
     results: dict[int, list[ChunkResult]] = {}
     order: list[Chunk] = []
 
@@ -86,20 +92,24 @@ def run_distributed(config, level: str, texts: list[str], inputs: dict[str, pa.T
         for chunk in shuffled:
             results[chunk.chunk_id] = evaluate(chunk)
         order = chunks
-    return _assemble(order, results, ids)
+    return _assemble(order, results, ids, p.terminal if switches else None)
 
 
-def _setup(config, level, texts, inputs, chunk_instants, incremental):
-    if not incremental:
+def _setup(config, level, texts, inputs, chunk_instants, incremental, principal=None, switches=()):
+    if not incremental and principal is None and not switches:
         return cut_chunks(config, level, texts, inputs, chunk_instants)
     from strata.master.pipeline import QueryPipeline
 
     p = QueryPipeline(config, level, chunk_instants=chunk_instants)
-    ids = [p.add_query(q)[0] for q in texts]
+    ids = [p.add_query(q, principal=principal)[0] for q in texts]
+    for i, stream, off, on in switches:
+        p.switch(ids[i], (principal or ("",))[0], stream, False, off)
+        if on is not None:
+            p.switch(ids[i], (principal or ("",))[0], stream, True, on)
     for stream, table in inputs.items():
         if table is not None and table.num_rows:
             p.ingest(stream, table)
-    return p, ids, []
+    return p, ids, ([] if incremental else p.finish())
 
 
 def _check_error_result(qc, r: ChunkResult) -> None:
@@ -111,7 +121,8 @@ def _check_error_result(qc, r: ChunkResult) -> None:
     assert all(t < r.error_ts for t in ts), "rows at or after error_ts"
 
 
-def _assemble(order: list[Chunk], results: dict[int, list[ChunkResult]], ids: list[str]) -> dict[str, Output]:
+def _assemble(order: list[Chunk], results: dict[int, list[ChunkResult]], ids: list[str],
+              terminal=None) -> dict[str, Output]:
     out = {qid: Output() for qid in ids}
     stopped: set[str] = set()
     for chunk in sorted(order, key=lambda c: c.chunk_id):
@@ -119,7 +130,7 @@ def _assemble(order: list[Chunk], results: dict[int, list[ChunkResult]], ids: li
             if r.query_id in stopped or r.query_id not in out:
                 continue
             o = out[r.query_id]
-            rows = rows_of(r.rows)
+            rows = rows_of(r.rows if terminal is None else terminal(r.query_id, r.rows))
             if r.error is not None:
                 o.rows += [row for row in rows if row[0] < r.error_ts]
                 o.error_ts, o.error = r.error_ts, r.error
@@ -197,13 +208,14 @@ def drawn_run(data, config, level: str, texts: list[str], streams: dict[str, lis
 
 def check_examples(config, texts: list[str], plain: dict[str, list[dict]], above: dict[str, list[dict]],
                    executors: list, incremental: tuple[int, ...], low: str = "U", high: str = "S") -> None:
-    """``texts`` at ``low`` and ``high`` through chunks of 1-3 instants on ``executors`` (cut incrementally
-    for the chunk lengths in ``incremental``), on ``plain`` and on ``plain`` plus ``above`` (tuples above
-    ``low``), all equal to the reference; and a ``low`` session's output is the same with and without
-    the tuples above it."""
+    """``texts`` at ``low`` and ``high`` through chunks of 1 and 3 instants and the lengths in
+    ``incremental`` on ``executors`` (cut incrementally for the lengths in ``incremental``), on ``plain``
+    and on ``plain`` plus ``above`` (tuples above ``low``), all equal to the reference; and a ``low``
+    session's output is the same with and without the tuples above it.  (Other chunk lengths: the
+    drawn differential tests, chunks of 1-3 instants.)"""
     with_above = {s: sorted(rows + above.get(s, []), key=lambda r: r["ts"]) for s, rows in plain.items()}
     for level in (low, high):
-        for k in (1, 2, 3):
+        for k in sorted({1, 3, *incremental}):
             outs = []
             for streams in (plain, with_above):
                 out = run_distributed(config, level, texts, inputs_of(config, streams), executors,

@@ -16,16 +16,16 @@ import importlib.util
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from strata.config import load_config
+from strata.deploy import netns
+from strata.deploy.netns import ip, unavailable
 
 from .helpers import PASSWORD, gone, read_out
 from .polling import poll
@@ -36,35 +36,9 @@ SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")  # compiled into Debian's sshd; it refuses to start without it
 
 
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
-    return r
-
-
 def skip_reason() -> str | None:
     """Why network namespaces cannot be made here (None: they can)."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces need Linux"
-    if shutil.which("ip") is None:
-        return "iproute2 `ip` not found: cannot create network namespaces"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root (CAP_NET_ADMIN); run as root or deselect with -m 'not netns'"
-    probe = f"stprobe{os.getpid()}"
-    r = ip("netns", "add", probe, check=False)
-    if r.returncode != 0:
-        return f"`ip netns add` failed (no CAP_NET_ADMIN in this container?): {r.stderr.strip()}"
-    try:
-        r = ip("-n", probe, "link", "add", "b0", "type", "bridge", check=False)
-        if r.returncode != 0:
-            return f"cannot create a bridge in a namespace: {r.stderr.strip()}"
-        r = ip("-n", probe, "link", "add", "va", "type", "veth", "peer", "name", "vb", check=False)
-        if r.returncode != 0:
-            return f"cannot create a veth pair in a namespace: {r.stderr.strip()}"
-    finally:
-        ip("netns", "delete", probe, check=False)
-    return None
+    return unavailable()
 
 
 def ssh_skip_reason() -> str | None:
@@ -82,63 +56,11 @@ def tls_available() -> bool:
     return importlib.util.find_spec("strata.tls") is not None
 
 
-class Topology:
-    """Namespaces ``<tag><pid>-<host>`` with addresses ``<subnet>.<octet>`` (``hosts``: host → last octet),
-    veth pairs into a bridge in its own namespace ``<tag><pid>-br``."""
-
-    def __init__(self, tag: str, subnet: str, hosts: dict[str, int]):
-        self.subnet, self.hosts = subnet, dict(hosts)
-        self.prefix = f"{tag}{os.getpid()}"
-        self.bridge = f"{self.prefix}-br"
-        self.ns = {h: f"{self.prefix}-{h}" for h in hosts}
-        self.created: list[str] = []
-
-    def address(self, host: str) -> str:
-        return f"{self.subnet}.{self.hosts[host]}"
-
-    def up(self) -> None:
-        br = self.bridge
-        ip("netns", "add", br)
-        self.created.append(br)
-        ip("-n", br, "link", "set", "lo", "up")
-        ip("-n", br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
-        ip("-n", br, "link", "set", "br0", "up")
-        for i, (host, ns) in enumerate(self.ns.items()):
-            ip("netns", "add", ns)
-            self.created.append(ns)
-            # the veth pair is made inside the bridge namespace, its peer moved straight into the host's
-            ip("-n", br, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            ip("-n", br, "link", "set", f"v{i}", "master", "br0")
-            ip("-n", br, "link", "set", f"v{i}", "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-            ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
-            ip("-n", ns, "link", "set", "eth0", "up")
-            ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
-
-    def down(self) -> None:
-        """Kill whatever still runs in our namespaces (only ours: we created them), then delete them."""
-        for ns in reversed(self.created):
-            for _ in range(50):
-                r = ip("netns", "pids", ns, check=False)
-                pids = [int(x) for x in r.stdout.split()]
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.1)
-            ip("netns", "delete", ns, check=False)
-        self.created.clear()
-
-    def pids(self, host: str) -> set[int]:
-        """The processes running in ``host``'s namespace."""
-        return {int(x) for x in ip("netns", "pids", self.ns[host], check=False).stdout.split()}
+class Topology(netns.Topology):
+    """:class:`strata.deploy.netns.Topology` whose commands run with the tests' password in the environment."""
 
     def run(self, host: str, *argv: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.ns[host], *argv], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "STRATA_PASSWORD": PASSWORD, **(env or {})})
+        return super().run(host, *argv, timeout=timeout, env={"STRATA_PASSWORD": PASSWORD, **(env or {})})
 
 
 @contextmanager

@@ -206,3 +206,77 @@ def test_scaling_section_renders(tmp_path):
     except ImportError:
         return
     assert (tmp_path / "scaling.png").exists()
+
+
+def test_streaming_protocol_pieces():
+    """bench/streaming.py at tiny scale, no cluster: the rate search, the CLI's pacing schedule, the latency
+    verdict, and the join references (ISTREAM exactly; each pair once) with the check that uses them."""
+    import pyarrow as pa
+
+    from bench import streaming as S
+
+    nxt = S.next_rate
+    assert nxt({}, 10_000) == 10_000
+    assert nxt({10_000: True, 20_000: True}, 10_000) == 40_000
+    assert nxt({10_000: True, 20_000: True, 40_000: False}, 10_000) == 30_000
+    assert nxt({10_000: True, 20_000: True, 40_000: False, 30_000: True}, 10_000) == 35_000
+    assert nxt({10_000: True, 20_000: False, 15_000: True, 17_000: True}, 10_000) == 18_000
+    assert nxt({10_000: True, 20_000: False, 19_000: True}, 10_000) is None  # within 10 % of the pass
+    assert nxt({10_000: False}, 10_000) == 5_000 and nxt({1_000: False}, 1_000) is None
+    assert nxt({S.MAX_RATE: True}, 10_000) is None
+
+    # the CLI's batches: an instant of R <= 65536 tuples closes at its own second; a bigger one with its last batch
+    sched = S.schedule(S.make_inputs("range", 2_000, 4), 2_000)
+    assert sched == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
+    sched = S.schedule(S.make_inputs("range", 100_000, 3), 100_000)
+    assert [round(sched[t], 5) for t in range(3)] == [0.65536, 1.65536, 2.65536]
+    sched = S.schedule(S.make_inputs("join", 2_000, 3), 2_000)
+    assert sched == {0: 0.5, 1: 1.5, 2: 2.5}  # Vitals then Positions: the advance rides on the second
+
+    close = {t: float(t) for t in range(20)}
+    lat = S.latency_stats(close, {t: t + 0.5 for t in range(20)}, {t: 10 for t in range(20)}, 10, 19)
+    assert lat["p99"] == 0.5 and lat["last"] == 0.5 and lat["missing"] == 0 and lat["rows"] == 100
+    assert S.verdict(lat, 0.0, (1, 2)) == (True, "sustained")
+    ok, why = S.verdict(lat, 0.0, (1, 9))
+    assert not ok and "backlog" in why
+    late = S.latency_stats(close, {t: t + (3.0 if t == 19 else 0.5) for t in range(19)}, {t: 1 for t in range(20)},
+                           10, 19)
+    assert late["missing"] == 1 and not S.verdict(late, 0.0)[0]
+
+    v = pa.table({"ts": [0, 0, 5, 12], "level": ["U", "S", "C", "TS"], "sid": ["a", "b", "a", "a"],
+                  "bp": [161.0, 170.0, 165.0, 162.0], "pr": [0.0] * 4, "weight": [0.0] * 4})
+    p = pa.table({"ts": [3, 11, 20], "level": ["C", "U", "U"], "sid": ["a", "a", "a"], "lat": [86.0, 87.0, 88.0],
+                  "lon": ["E"] * 3})
+    exp = S.duckdb_join(v, p)
+    # pairs within 9 instants (v, p): (0,3) at 3, (5,3) at 5, (5,11) at 11, (12,3) and (12,11) at 12, (12,20) at 20
+    assert {t: sorted(c) for t, c in exp["pairs"].items()} == {
+        3: [("a", 161.0, 86.0)], 5: [("a", 165.0, 86.0)], 11: [("a", 165.0, 87.0)],
+        12: [("a", 162.0, 86.0), ("a", 162.0, 87.0)], 20: [("a", 162.0, 88.0)]}
+    assert exp["istream"][5] == {("a", 165.0, 86.0, "C"): 1}
+    assert exp["istream"][12] == {("a", 162.0, 86.0, "TS"): 1, ("a", 162.0, 87.0, "TS"): 1}
+    got = pa.table({"ts": [3, 5, 11, 12, 12, 20], "level": ["C", "C", "C", "TS", "TS", "TS"], "sid": ["a"] * 6,
+                    "bp": [161.0, 165.0, 165.0, 162.0, 162.0, 162.0], "lat": [86.0, 86.0, 87.0, 86.0, 87.0, 88.0]})
+    assert S.check("join", exp, got, set(range(21)), True, "tiny") == 6
+    peer = got.drop_columns(["level"]).rename_columns(["tau", "sid", "bp", "lat"])
+    assert S.check("join", exp, peer, set(range(21)), False, "tiny") == 6
+    import pytest
+
+    from bench.check import BenchCheckFailed
+
+    with pytest.raises(BenchCheckFailed):
+        S.check("join", exp, got.slice(1), set(range(21)), True, "tiny")
+
+
+def test_streaming_section_renders():
+    from bench import streaming as S
+
+    run = {"side": "strata", "query": "range", "rate": 20_000, "p50": 0.3, "p99": 0.9, "last": 0.3, "lag": 0.01,
+           "backlog": [1, 1], "timings": {"engine_p50_ms": 200.0, "transport_p50_ms": 15.0, "wait_p50_ms": 100.0},
+           "why": "sustained", "load": [[1.0, 1, 1], [1.5, 1, 1]]}
+    peer = {**run, "side": "sss_p2", "rate": 5_000, "backlog": None, "timings": None}
+    st = {"bounds": {"p99": 2.0, "last": 2.0, "lag": 1.0, "backlog": 2}, "load_start": [1.0, 1, 1], "cpus": 2,
+          "range": {"query": S.RANGE_Q, "runs": [run, peer], "best": {"strata": 20_000, "sss_p2": 5_000},
+                    "ratio": {"sss_p2": 4.0}}}
+    text = "\n".join(S.report_section(st))
+    assert "| range | Strata (`strata up`, 2 workers) | 20,000 |" in text and "| 4.0x |" in text
+    assert "200 / 15 / 100" in text

@@ -151,3 +151,30 @@ def test_strata_up_tightens_its_state_directory(tmp_path, loose_umask):
         assert mode(state / "cluster.json") & 0o077 == 0 and mode(state / "logs" / "master-S.log") == 0o600
     finally:
         subprocess.run([sys.executable, "-m", "strata", "down", "--state-dir", str(state)], timeout=60)
+
+
+@pytest.mark.slow
+def test_a_levels_data_dir_holds_its_event_log_and_spark_scratch(tmp_path, loose_umask):
+    """``[groups."S"] data_dir`` (a device per level): the master's event log and the local Spark
+    session's scratch (``spark.local.dir``: shuffle files, the level's data) live there, private, and
+    not in the state directory or the host's shared temporary directory."""
+    import subprocess
+    import sys
+
+    from strata.examples import BATTLEFIELD_TOML
+
+    from .polling import wait_for
+
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text(BATTLEFIELD_TOML + '\n[groups."S"]\ndata_dir = "disk-s"\n')
+    state, data = tmp_path / "state", tmp_path / "disk-s"
+    up = [sys.executable, "-m", "strata", "up", "--config", str(cfg), "--levels", "S", "--workers", "1",
+          "--state-dir", str(state)]
+    try:
+        r = subprocess.run(up, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert (data / "master-S.sqlite").exists() and not (state / "master-S.sqlite").exists()
+        assert mode(data) == 0o700 and mode(data / "spark-local") == 0o700
+        wait_for(lambda: list((data / "spark-local").glob("blockmgr-*")), 60, "the worker's Spark scratch")
+    finally:
+        subprocess.run([sys.executable, "-m", "strata", "down", "--state-dir", str(state)], timeout=60)

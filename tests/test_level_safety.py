@@ -79,6 +79,7 @@ def stable(status: dict) -> dict:
     """A status without its volatile fields (docs/semantics.md §9); the input is drained by now."""
     st = dict(status)
     st.pop("timings", None)
+    st.pop("histograms", None)
     if "workers" in st:
         st["workers"] = len(st["workers"])
     if "counters" in st:

@@ -235,6 +235,7 @@ def _scenario(battlefield, with_ts: bool):
     seen["analyst"] = core.status("ana", cluster=False)
     full = core.status("op", cluster=True)
     full.pop("timings")
+    full.pop("histograms")
     for w in full["workers"]:
         w.pop("cpu")
     seen["operator"] = full

@@ -45,6 +45,28 @@ def test_the_families_of_a_status_reply():
     assert got[("strata_rejected_total", (("reason", "bad_type"),))] == 2
     assert got[("strata_chunk_milliseconds", (("quantile", "0.99"), ("stage", "engine")))] == 9.5
     assert got[("strata_chunk_timing", (("value", "chunks"),))] == 9.0
+    assert not any(k[0].startswith("strata_chunk_seconds") for k in got)  # no unit yet: no histogram
+
+
+def test_every_chunk_is_counted_in_the_stage_histograms():
+    from strata.master.timings import BOUNDS, STAGES, ChunkTimings
+
+    t = ChunkTimings(keep=2)
+    for cid, (wait, rtt, engine) in enumerate([(0.001, 0.02, 0.01), (0.3, 0.6, 0.5), (2.0, 12.0, 11.0)]):
+        t.ready(cid, 100.0)
+        t.sent(cid, 100.0 + wait)
+        t.done(cid, 100.0 + wait + rtt, engine)
+    reply = pb.StatusReply(level="S", cluster=True, timings=t.summary(), histograms=t.histograms())
+    got = _samples(render(reply).decode())
+    for stage in STAGES:
+        counts = [got[("strata_chunk_seconds_bucket", (("le", repr(b)), ("stage", stage)))] for b in BOUNDS]
+        assert counts == sorted(counts)  # cumulative
+        assert got[("strata_chunk_seconds_bucket", (("le", "+Inf"), ("stage", stage)))] == 3  # all since the start
+        assert got[("strata_chunk_seconds_count", (("stage", stage),))] == 3
+    assert got[("strata_chunk_seconds_sum", (("stage", "latency"),))] == pytest.approx(0.021 + 0.9 + 14.0)
+    le = {b: got[("strata_chunk_seconds_bucket", (("le", repr(b)), ("stage", "latency")))] for b in BOUNDS}
+    assert (le[0.01], le[0.025], le[0.5], le[1.0], le[10.0], le[30.0]) == (0, 1, 1, 2, 2, 3)
+    assert t.summary()["chunks"] == 2  # the p50/p99 keep the last ``keep`` units only
 
 
 def _scrape(server, tls, cert=("client", "S"), auth=("op", PASSWORD)):
@@ -76,7 +98,8 @@ def _table(rows):
 
 def _stable(samples: dict) -> dict:
     """Without the volatile values: timings, CPU readings, redispatches and duplicates (§9)."""
-    volatile = ("strata_chunk_milliseconds", "strata_chunk_timing", "strata_worker_cpu_percent")
+    volatile = ("strata_chunk_milliseconds", "strata_chunk_timing", "strata_worker_cpu_percent",
+                "strata_chunk_seconds")  # dispatch units: merged by timing (like strata_chunk_timing's chunks)
     return {k: v for k, v in samples.items()
             if not k[0].startswith(volatile)
             and ("event", "redispatched") not in k[1] and ("event", "duplicates") not in k[1]}
@@ -106,6 +129,8 @@ def test_an_operator_scrapes_the_status_and_nobody_else_does(warm_s):
             st = op.status()
             assert got[("strata_events_total", (("event", "accepted"),))] == st.counters["accepted"] == len(rows)
             assert got[("strata_workers", ())] == len(st.workers) == 1
+            # every unit dispatched is in the histograms (their buckets are times: volatile, left out below)
+            assert got[("strata_chunk_seconds_count", (("stage", "latency"),))] == st.timings["chunks"] >= 1
             seen.append(_stable(got))
             if not with_ts:
                 with pytest.raises(ssl.SSLError):

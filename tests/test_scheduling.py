@@ -459,3 +459,15 @@ def test_strata_slots_refuses_shared_and_a_missing_cluster_in_one_line(tmp_path,
     r = strata("slots", "--state-dir", str(state))
     assert r.returncode == 1 and "stops a level for up to 1.00 s" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_strata_up_starts_no_gate_for_a_single_level(tmp_path, capsys):
+    """One level runs in every slot: ``start_gate`` says so and spawns nothing (no record entry)."""
+    from strata.deploy.slots import start_gate
+
+    record = {"processes": [{"name": "master-S", "role": "master", "level": "S", "pid": os.getpid()},
+                            {"name": "worker-S-0", "role": "worker", "level": "S", "pid": os.getpid()}]}
+    assert start_gate(tmp_path, record, "fixed_slot") is None
+    assert [p["role"] for p in record["processes"]] == ["master", "worker"]
+    assert "one level on this host: no slot gate" in capsys.readouterr().err
+    assert not (tmp_path / "cluster.json").exists()

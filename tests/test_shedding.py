@@ -380,6 +380,7 @@ def _stable(status: dict) -> dict:
     """A drained level's status without its volatile fields (docs/semantics.md §9)."""
     st_ = dict(status)
     st_.pop("timings", None)
+    st_.pop("histograms", None)
     if "workers" in st_:
         st_["workers"] = len(st_["workers"])
     if "counters" in st_:

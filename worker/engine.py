@@ -44,6 +44,13 @@ of Py4J round trips and doubled the latency of small chunks.
    is exact: its partials are the sums of the arguments' high and low 32-bit
    words (two bigint sums: as fast as one, unlike a DECIMAL sum), so neither the
    order of additions nor partial aggregation can overflow or change it.
+   A single-item aggregate whose windows hold each row at several instants (RANGE
+   windows over many instants) is aggregated *before* step 2 instead: partials per
+   (ts, interval end, group) after WHERE, then those partials spread over the instants
+   of their interval and merged per (τ, group), so a row is read once, not once per
+   window holding it.  ``Engine(partials="auto"|"on"|"off")`` (the worker:
+   ``STRATA_RANGE_PARTIALS``) chooses by size, always, or never (the old path, kept to
+   compare; tests/test_range_partials.py checks both against the reference).
 5. Relation to stream: RSTREAM as is; ISTREAM/DSTREAM by ``EXCEPT ALL``
    between R(τ) and R(previous instant) re-tagged with τ, over
    ``(level, columns…)`` with the level decoded to its canonical string first
@@ -139,13 +146,19 @@ class Engine:
     PREAGG_FACTOR = 2.0
     #: ... and at least this many rows reach Spark (below, one aggregation is cheaper to plan)
     PREAGG_MIN_ROWS = 2_000
+    #: the switch of that pre-aggregation (``partials``): "auto" (the two thresholds above), "on"
+    #: (whenever the query can: one FROM item, aggregates, Arrow membership), "off" (the rows are
+    #: exploded over the instants and aggregated per instant: the path before it, kept to compare)
+    PARTIALS = ("auto", "on", "off")
     #: :meth:`run_many` evaluates a chunk's queries in one statement up to this many input rows
     BATCH_MAX_ROWS = 2_000_000
 
     def __init__(self, spark, config: Config, membership: str = "arrow", small_rows: int | None = None,
-                 batch: bool = True, code_keys: bool = True, single: bool = True):
+                 batch: bool = True, code_keys: bool = True, single: bool = True, partials: str = "auto"):
         if membership not in ("arrow", "spark"):
             raise ValueError("membership must be 'arrow' or 'spark'")
+        if partials not in self.PARTIALS:
+            raise ValueError(f"partials must be one of {', '.join(self.PARTIALS)}, not {partials!r}")
         self.spark = spark
         #: chunks feeding Spark at most this many rows run without code generation (0: never)
         self.small_rows = self.SMALL_ROWS if small_rows is None else int(small_rows)
@@ -165,6 +178,9 @@ class Engine:
         self._cores: int | None = None
         self.preagg_factor = self.PREAGG_FACTOR
         self.preagg_min_rows = self.PREAGG_MIN_ROWS
+        #: RANGE (and every single-item) aggregates pre-aggregated per (ts, interval end, group):
+        #: "auto", "on" or "off" (:data:`PARTIALS`)
+        self.partials = partials
         self.lattice = config.lattice
         levels = list(self.lattice.levels)
         self._level_values = pa.array(levels, pa.string())

@@ -486,7 +486,10 @@ class SelectRun(ChunkLoad, Aggregation, Assembly):
 
     def _pre_aggregate(self) -> bool:
         """Whether to aggregate per (ts, interval end, group) before spreading over the instants:
-        when the windows at the evaluated instants hold each row several times on average."""
+        when the windows at the evaluated instants hold each row several times on average, or
+        always / never as the engine's switch says (``Engine.partials``)."""
+        if self.e.partials != "auto":
+            return self.e.partials == "on"
         return self.rows_in >= self.e.preagg_min_rows and self.explode >= self.e.preagg_factor * self.rows_in
 
     # ---------------------------------------------------------- NONE (monotone)

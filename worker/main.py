@@ -10,6 +10,7 @@ from pathlib import Path
 from strata.cli_support import config_of, level_of
 from strata.cpusets import pin_current_process
 from strata.errors import EXIT_OK
+from strata.private import private_dir
 from strata.serving import add_process_options, exit_now, group_spec_of, ready_writer, server_tls, start_logging
 from strata.spark_settings import spark_settings
 
@@ -44,9 +45,22 @@ def cmd_worker(args) -> int:
                 time.sleep(wait)  # a run that ends sooner stops this process meanwhile (SIGTERM)
     serve_worker(cfg, level, args.listen, spec, spark_master=spark.master,
                  ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading,
-                 warm_queries=_read_warm_queries(args.warm_queries), spark_conf=dict(spark.conf),
-                 spark_secret=secret)
+                 warm_queries=_read_warm_queries(args.warm_queries),
+                 spark_conf=scratch_conf(dict(spark.conf), cfg.group(level).data_path(cfg.path) or args.state_dir,
+                                         spark.is_local), spark_secret=secret)
     exit_now(EXIT_OK)
+
+
+def scratch_conf(conf: dict, state_dir: str | None, local: bool) -> dict:
+    """The level's Spark settings with its local session's scratch space (``spark.local.dir``: shuffle
+    and spill files, the level's data) in a private directory under ``state_dir`` (the level's
+    ``data_dir``, else the process's state directory), not in the host's shared temporary directory,
+    unless the level's ``spark_conf`` names one.  A cluster's executors keep their own
+    (``SPARK_LOCAL_DIRS`` of their daemons)."""
+    if local and state_dir and "spark.local.dir" not in conf:
+        scratch = private_dir(private_dir(state_dir, "data directory") / "spark-local", "Spark scratch directory")
+        conf = {**conf, "spark.local.dir": str(scratch)}
+    return conf
 
 
 def lazy_wait(previous_ready: float, started: float, now: float) -> float:

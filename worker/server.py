@@ -10,6 +10,7 @@ import time
 
 import grpc
 
+from strata.errors import ConfigError
 from strata.groups import AUTH_HEADER, execute_digest, verify_request
 from strata.groups.membership import GroupMember
 from strata.rpc import strata_pb2 as pb
@@ -92,6 +93,16 @@ def driver_host(listen: str, environ=None) -> str | None:
     return (environ.get("STRATA_GROUP_INTERFACE") or "").strip() or None
 
 
+def partials_switch(environ=None) -> str:
+    """The engine's pre-aggregation switch from ``STRATA_RANGE_PARTIALS`` (``auto`` unless set; ``on``
+    or ``off`` to compare the paths, bench/range_partials.py); another value is refused in one line."""
+    environ = os.environ if environ is None else environ
+    value = (environ.get("STRATA_RANGE_PARTIALS") or "auto").strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise ConfigError(f"STRATA_RANGE_PARTIALS must be auto, on or off, not {value!r}")
+    return value
+
+
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
                  ready=None, stop_event: threading.Event | None = None, tls_dir=None,
                  load_reading: str = "host", warm_queries: list[str] | tuple = (),
@@ -113,6 +124,7 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     # the JVM and Spark session start in a thread while this one does the Python side of the
     # start-up (imports, compiling the warm-up's queries, its first chunk): the JVM alone keeps
     # ~1.4 cores busy, so on 2 cores the rest overlaps
+    partials = partials_switch()  # a bad value is refused before the JVM starts
     t0 = time.perf_counter()
     box: dict = {}
 
@@ -142,7 +154,7 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     spark, t_session = box["spark"], box["seconds"]
     cluster = not spark_master.startswith("local")
     executors = spark_executor_samples(spark) if cluster else None
-    engine = Engine(spark, config)
+    engine = Engine(spark, config, partials=partials)
     warm = warm_up(engine, config, level, prepared=prepared)
     where = ""
     if executors is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .execution import plan_groups
 from .plan import SharedPlan
+from .switches import plan_switches
 
 __all__ = ["explain_sharing", "render_sharing"]
 
@@ -57,6 +58,7 @@ def explain_sharing(compiled: list, config, mode: str = "replicated") -> dict:
         "nodes": sj["nodes"],
         "nodes_without_sharing": sj["nodes_without_sharing"],
         "execution": execution,
+        "switches": plan_switches(plan),
     }
 
 
@@ -82,4 +84,8 @@ def render_sharing(report: dict) -> str:
     lines.append("execution on the workers (per chunk, within a level group):")
     for e in report["execution"]:
         lines.append(f"  {', '.join(e['queries'])} ({e['level']}): {e['form']} - {e['how']}")
+    if report.get("switches"):
+        lines.append("privacy switches (paper 004, Algorithm 2; docs/semantics.md §12):")
+        for w in report["switches"]:
+            lines.append(f"  {w['query']}: {w['kind']} at {w['at']}")
     return "\n".join(lines)

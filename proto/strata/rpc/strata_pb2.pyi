@@ -191,7 +191,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, sid: _Optional[str] = ..., cpu: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., chunks_done: _Optional[int] = ..., in_flight: _Optional[int] = ..., seen_levels: _Optional[_Mapping[str, int]] = ..., refused: _Optional[_Mapping[str, int]] = ..., identity_key: _Optional[bytes] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings", "user", "roles", "queries", "cluster", "last_chunk_error", "shedding")
+    __slots__ = ("level", "workers", "backlog_chunks", "lag_seconds", "rejected", "counters", "ready_chunks", "timings", "user", "roles", "queries", "cluster", "last_chunk_error", "shedding", "switches", "histograms")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,13 @@ class StatusReply(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class HistogramsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +234,8 @@ class StatusReply(_message.Message):
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LAST_CHUNK_ERROR_FIELD_NUMBER: _ClassVar[int]
     SHEDDING_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAMS_FIELD_NUMBER: _ClassVar[int]
     level: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     backlog_chunks: int
@@ -241,7 +250,51 @@ class StatusReply(_message.Message):
     cluster: bool
     last_chunk_error: str
     shedding: ShedStatus
-    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ..., user: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ..., cluster: _Optional[bool] = ..., last_chunk_error: _Optional[str] = ..., shedding: _Optional[_Union[ShedStatus, _Mapping]] = ...) -> None: ...
+    switches: _containers.RepeatedCompositeFieldContainer[SwitchStatus]
+    histograms: _containers.ScalarMap[str, float]
+    def __init__(self, level: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., backlog_chunks: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., rejected: _Optional[_Mapping[str, int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., ready_chunks: _Optional[int] = ..., timings: _Optional[_Mapping[str, float]] = ..., user: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ..., cluster: _Optional[bool] = ..., last_chunk_error: _Optional[str] = ..., shedding: _Optional[_Union[ShedStatus, _Mapping]] = ..., switches: _Optional[_Iterable[_Union[SwitchStatus, _Mapping]]] = ..., histograms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class AccessRequest(_message.Message):
+    __slots__ = ("user", "query_id", "stream", "grant")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    query_id: str
+    stream: str
+    grant: bool
+    def __init__(self, user: _Optional[str] = ..., query_id: _Optional[str] = ..., stream: _Optional[str] = ..., grant: _Optional[bool] = ...) -> None: ...
+
+class SwitchStatus(_message.Message):
+    __slots__ = ("query_id", "user", "stream", "state", "since", "access_counter", "blocked", "passed")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    user: str
+    stream: str
+    state: str
+    since: int
+    access_counter: int
+    blocked: int
+    passed: int
+    def __init__(self, query_id: _Optional[str] = ..., user: _Optional[str] = ..., stream: _Optional[str] = ..., state: _Optional[str] = ..., since: _Optional[int] = ..., access_counter: _Optional[int] = ..., blocked: _Optional[int] = ..., passed: _Optional[int] = ...) -> None: ...
+
+class AccessReply(_message.Message):
+    __slots__ = ("switch", "instant", "changed")
+    SWITCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANT_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    switch: SwitchStatus
+    instant: int
+    changed: bool
+    def __init__(self, switch: _Optional[_Union[SwitchStatus, _Mapping]] = ..., instant: _Optional[int] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class InstantRange(_message.Message):
     __slots__ = ("first", "last")

@@ -90,6 +90,11 @@ class MasterStub:
                 request_serializer=strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
                 response_deserializer=strata_dot_rpc_dot_strata__pb2.StreamsReply.FromString,
                 _registered_method=True)
+        self.Access = channel.unary_unary(
+                '/strata.rpc.Master/Access',
+                request_serializer=strata_dot_rpc_dot_strata__pb2.AccessRequest.SerializeToString,
+                response_deserializer=strata_dot_rpc_dot_strata__pb2.AccessReply.FromString,
+                _registered_method=True)
         self.Follow = channel.stream_stream(
                 '/strata.rpc.Master/Follow',
                 request_serializer=strata_dot_rpc_dot_strata__pb2.FollowRequest.SerializeToString,
@@ -189,6 +194,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Access(self, request, context):
+        """A privacy switch (operator): a user's access to a stream for one query off (revoke) or on
+        (grant) from the first instant not closed; logged, so a restart and a standby keep it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Follow(self, request_iterator, context):
         """---- master <-> master of the same level (standby masters, docs/operations.md) ----
         Only a master certificate of this level, with a request signed with the level's group key.
@@ -265,6 +278,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Streams,
                     request_deserializer=strata_dot_rpc_dot_strata__pb2.Empty.FromString,
                     response_serializer=strata_dot_rpc_dot_strata__pb2.StreamsReply.SerializeToString,
+            ),
+            'Access': grpc.unary_unary_rpc_method_handler(
+                    servicer.Access,
+                    request_deserializer=strata_dot_rpc_dot_strata__pb2.AccessRequest.FromString,
+                    response_serializer=strata_dot_rpc_dot_strata__pb2.AccessReply.SerializeToString,
             ),
             'Follow': grpc.stream_stream_rpc_method_handler(
                     servicer.Follow,
@@ -575,6 +593,33 @@ class Master:
             '/strata.rpc.Master/Streams',
             strata_dot_rpc_dot_strata__pb2.Empty.SerializeToString,
             strata_dot_rpc_dot_strata__pb2.StreamsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Access(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strata.rpc.Master/Access',
+            strata_dot_rpc_dot_strata__pb2.AccessRequest.SerializeToString,
+            strata_dot_rpc_dot_strata__pb2.AccessReply.FromString,
             options,
             channel_credentials,
             insecure,
