@@ -514,7 +514,9 @@ class Chunker:
                 break
             if len(taken) > 1:  # the closed instants' batches as one (one mask and one feed per query)
                 tables = [x[0] for x in taken]
-                passing = {f: pa.concat_arrays([x[1][f] for x in taken]) for f in taken[0][1]}
+                keys = {f for x in taken for f in x[1]}  # the queries registered may differ between batches
+                passing = {f: pa.concat_arrays([x[1][f] if f in x[1] else filters.passes(f, x[0]) for x in taken])
+                           for f in keys}
                 taken = [(pa.concat_tables(tables), passing, frozenset().union(*(x[2] for x in taken)))]
             for t, passing, present in taken:
                 self._feed_all(name, t, passing, present)
@@ -529,6 +531,10 @@ class Chunker:
         ``t``, or a superset of them)."""
         masks: dict[frozenset, pa.Array] = {}
         seq0 = int(t.column("_seq")[0].as_py())
+        for q in self._queries.values():  # a window condition of a query registered after the batch came
+            for it in q.items:
+                if it.stream == name and it.filter is not None and it.filter not in passing:
+                    passing = {**passing, it.filter: filters.passes(it.filter, t)}
         for q in self._queries.values():
             mine = None  # this query's part of t, once computed
             for it in q.items:

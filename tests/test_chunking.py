@@ -720,3 +720,21 @@ def test_item_holds_exactly_its_window_levels(battlefield, batches, window_level
         start += len(levels)
     got = [bp for c in ch.close(len(batches) - 1) for q in c.queries for bp in q.items[0].column("bp").to_pylist()]
     assert got == want
+
+
+def test_queries_come_and_go_between_batches_of_an_open_instant(battlefield):
+    """Tuples wait for their instant to close before the queries get them (their shields: punctuations
+    and switches of the instant, chunking/shield.py); a query with a window condition registered, and
+    another removed, between two batches of one open instant: each gets exactly the tuples pushed while
+    it was registered, filtered by its own condition (a regression: the batches' window conditions
+    differed and one was missing when the closed batches were fed together)."""
+    early = compile_query("SELECT bp FROM Vitals [ROWS 5 WHERE bp > 1]", battlefield, "S")
+    late = compile_query("SELECT bp FROM Vitals [ROWS 5 WHERE bp < 4]", battlefield, "S")
+    ch = Chunker(battlefield, {"early": early}, chunk_instants=1)
+    ch.push("Vitals", vitals([1, 1], bp=[1.0, 2.0]))
+    ch.add_query("late", late)
+    ch.push("Vitals", vitals([1, 1], bp=[3.0, 5.0]))
+    ch.remove_query("early")
+    ch.push("Vitals", vitals([1], bp=[0.5]))
+    got = {qc.query_id: sorted(qc.items[0].column("bp").to_pylist()) for c in ch.finish() for qc in c.queries}
+    assert got == {"late": [0.5, 3.0]}
