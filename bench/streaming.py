@@ -432,6 +432,22 @@ SCHEMAS = {"Vitals": "ts BIGINT, level STRING, sid STRING, bp DOUBLE, pr DOUBLE,
            "Positions": "ts BIGINT, level STRING, sid STRING, lat DOUBLE, lon STRING"}
 
 
+def _peer_session(app: str, conf: list[str]):
+    """The peer's SparkSession in this process: ``local[*]`` on loopback, no web UI, Spark's defaults
+    otherwise plus ``conf`` (``k=v`` each)."""
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master("local[*]").appName(app)
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+         .config("spark.ui.enabled", "false"))
+    for kv in conf:
+        k, v = kv.split("=", 1)
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def peer_main(argv: list[str]) -> int:
     """``python -m bench.streaming peer``: a Structured Streaming driver (its own JVM) kept for the whole
     section, as Strata's workers are: it reads one JSON job per stdin line (query, source, checkpoint,
@@ -442,16 +458,7 @@ def peer_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="bench.streaming peer")
     ap.add_argument("--conf", action="append", default=[], help="k=v beyond Spark's defaults")
     a = ap.parse_args(argv)
-    from pyspark.sql import SparkSession
-
-    b = (SparkSession.builder.master("local[*]").appName("strata-bench-sss-peer")
-         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-         .config("spark.ui.enabled", "false"))
-    for kv in a.conf:
-        k, v = kv.split("=", 1)
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _peer_session("strata-bench-sss-peer", a.conf)
     print("started", flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -759,17 +766,9 @@ def catchup_peer(argv: list[str]) -> int:
     ap.add_argument("--conf", action="append", default=[])
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    b = (SparkSession.builder.master("local[*]").appName("strata-bench-sss-catchup")
-         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-         .config("spark.ui.enabled", "false"))
-    for kv in a.conf:
-        k, v = kv.split("=", 1)
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _peer_session("strata-bench-sss-catchup", a.conf)
     start = time.perf_counter() - t0
     src = Path(tempfile.mkdtemp(prefix="sss-catchup-"))
     os.link(a.csv, src / Path(a.csv).name) if os.stat(a.csv).st_dev == os.stat(src).st_dev else \

@@ -36,9 +36,9 @@ def cmd_master(args) -> int:
     state_path = None
     if args.state_file and not args.no_persist:
         state_path = Path(args.state_file)
-    elif cfg.group(level).data_dir and not args.no_persist:  # [groups."L"] data_dir: the level's own disk
-        data = private_dir(cfg.group(level).data_path(cfg.path), f'[groups."{level}"] data_dir')
-        state_path = data / f"master-{level_slug(level)}.sqlite"
+    elif (data := cfg.group(level).data_path(cfg.path)) is not None and not args.no_persist:
+        # [groups."L"] data_dir: the level's own disk
+        state_path = private_dir(data, f'[groups."{level}"] data_dir') / f"master-{level_slug(level)}.sqlite"
     elif args.state_dir and not args.no_persist:
         state_path = Path(args.state_dir) / f"master-{level_slug(level)}.sqlite"
     elif not args.no_persist:

@@ -31,6 +31,27 @@ cap = "long"
 """
 
 
+#: a stream and a stored relation (whose rows' intervals end at their delete)
+LOGISTICS_TOML = """
+[lattice]
+levels = ["U", "C", "S", "TS"]
+
+[streams.Vitals]
+sid = "string"
+bp = "double"
+
+[relations.Units]
+sid = "string"
+unit = "string"
+strength = "long"
+"""
+
+
+@pytest.fixture(scope="session")
+def logistics():
+    return parse_config(LOGISTICS_TOML)
+
+
 @pytest.fixture(scope="session")
 def battlefield():
     return parse_config(BATTLEFIELD_TOML)

@@ -128,3 +128,15 @@ class WarmCluster:
         from strata.deploy.local import stop_cluster
 
         stop_cluster(self.state)
+
+
+def stable(status: dict) -> dict:
+    """A status without its volatile fields (docs/semantics.md §9); the input is drained by now."""
+    st = dict(status)
+    st.pop("timings", None)
+    st.pop("histograms", None)
+    if "workers" in st:
+        st["workers"] = len(st["workers"])
+    if "counters" in st:
+        st["counters"] = {k: v for k, v in st["counters"].items() if k not in ("redispatched", "duplicates")}
+    return st

@@ -25,7 +25,7 @@ from strata.client import ClientError
 from strata.deploy.local import renew_master
 from strata.config import load_config
 
-from .helpers import login, strata
+from .helpers import login, stable, strata
 from .polling import wait_for
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of
@@ -73,18 +73,6 @@ def attempt(call):
 def reply(r) -> dict:
     return {"accepted": r.accepted, "dropped_by_shepherd": r.dropped_by_shepherd, "rejected": r.rejected,
             "error": r.error}
-
-
-def stable(status: dict) -> dict:
-    """A status without its volatile fields (docs/semantics.md §9); the input is drained by now."""
-    st = dict(status)
-    st.pop("timings", None)
-    st.pop("histograms", None)
-    if "workers" in st:
-        st["workers"] = len(st["workers"])
-    if "counters" in st:
-        st["counters"] = {k: v for k, v in st["counters"].items() if k not in ("redispatched", "duplicates")}
-    return st
 
 
 def run_scenario(cl, with_ts: bool) -> tuple[dict, dict]:

@@ -172,27 +172,6 @@ def test_partials_equal_old_path_with_nan_and_infinities(config, pair, data):
     assert sorted((r[0], r[1]) for r in out["on"].rows) == sorted((r[0], r[1]) for r in out["off"].rows)
 
 
-#: a stream and a stored relation (whose rows' intervals end at their delete)
-LOGISTICS_TOML = """
-[lattice]
-levels = ["U", "C", "S", "TS"]
-
-[streams.Vitals]
-sid = "string"
-bp = "double"
-
-[relations.Units]
-sid = "string"
-unit = "string"
-strength = "long"
-"""
-
-
-@pytest.fixture(scope="module")
-def logistics():
-    return parse_config(LOGISTICS_TOML)
-
-
 @pytest.mark.parametrize("which", ["battlefield", "logistics"])
 @SETTINGS
 @given(data=st.data())

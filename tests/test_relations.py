@@ -21,6 +21,7 @@ from strata.config import ConfigError, parse_config
 from strata.mlscql import QueryError, compile_query, parse
 from strata.mlscql.printer import to_text
 
+from .conftest import LOGISTICS_TOML
 from .distributed import assert_reference, check_examples, drawn_run
 from .reference.evaluator import compare_results, evaluate
 from .strategies import example_settings, multistream, queries
@@ -28,25 +29,6 @@ from .tables import inputs_of, rows_of
 from .test_checkpoint import _case, restarted_equals_reference
 
 EXAMPLES, SETTINGS = example_settings("STRATA_RELATION_EXAMPLES", 25)
-
-LOGISTICS_TOML = """
-[lattice]
-levels = ["U", "C", "S", "TS"]
-
-[streams.Vitals]
-sid = "string"
-bp = "double"
-
-[relations.Units]
-sid = "string"
-unit = "string"
-strength = "long"
-"""
-
-
-@pytest.fixture(scope="module")
-def logistics():
-    return parse_config(LOGISTICS_TOML)
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from strata.users import UserStore
 from .conftest import BATTLEFIELD_TOML
 from .distributed import assert_reference, released
 from .fakes import Context
+from .helpers import stable
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of, to_table, vital
 
@@ -376,18 +377,6 @@ def _ts_rows(i: int) -> list[dict]:
             for t in range(3 * i + 1, 3 * i + 4) for k in range(2)]
 
 
-def _stable(status: dict) -> dict:
-    """A drained level's status without its volatile fields (docs/semantics.md §9)."""
-    st_ = dict(status)
-    st_.pop("timings", None)
-    st_.pop("histograms", None)
-    if "workers" in st_:
-        st_["workers"] = len(st_["workers"])
-    if "counters" in st_:
-        st_["counters"] = {k: v for k, v in st_["counters"].items() if k not in ("redispatched", "duplicates")}
-    return st_
-
-
 def _status(cl, user: str, level: str) -> dict:
     from .helpers import strata
 
@@ -435,7 +424,7 @@ def _run_s(cl, renew: bool) -> tuple[dict, dict]:
     assert not th.is_alive(), "S's result streams did not end"
     seen = {"results": {q: sorted(rows, key=repr) for q, rows in got.items()},
             "replies": [(r.accepted, r.shed, r.rejected, r.error) for r in replies],
-            "status_sam": _stable(_status(cl, "sam", "S")), "status_sue": _status(cl, "sue", "S")}
+            "status_sam": stable(_status(cl, "sam", "S")), "status_sue": _status(cl, "sue", "S")}
     for c in (sam, sue):
         c.close()
     return seen, {q: arrived.get(q, finished) - finished for q in got}
