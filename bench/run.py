@@ -36,6 +36,9 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
                JVM, same rows at the same pace, side by side), RANGE 10 s GROUP BY, ROWS 100 AVG, a windowed
                join; catch-up from the same CSV (`strata replay` vs `availableNow`); ~1 h
 * ``micro``    the engine micro-benchmark (bench/engine_micro.py), not in the default set
+* ``access``   issue 34 (bench/access.py, bench/access_cluster.py; not in the default set, ~15-25 min): the
+               cost of security punctuations and privacy switches on the master path, then end to end on a
+               `strata up` cluster against the same plans without them; writes docs/benchmarks/access.md
 
 Every run's output is compared with the reference evaluator on sampled instants
 (and the target query's whole output with DuckDB); a mismatch stops the harness
@@ -85,6 +88,13 @@ FULL.update(load_subscribers=[0, 50, 100, 200], load_per_instant=5_000, load_ins
 # after one unmeasured warm-up of each size
 QUICK.update(scale_tuples=400_000, scale_small=20_000, scale_reps=1)
 FULL.update(scale_tuples=1_000_000, scale_small=20_000, scale_reps=3)
+# access (bench/access.py): the master path's tuples and runs; on the cluster the tuples per stream and run
+# as fast as it goes and paced, the paced runs' rate, measured runs per variant (interleaved, after an
+# unmeasured round)
+QUICK.update(access_tuples=100_000, access_reps=3, access_fast_tuples=500_000, access_paced_tuples=200_000,
+             access_rate=40_000, access_cluster_reps=3)
+FULL.update(access_tuples=400_000, access_reps=5, access_fast_tuples=2_000_000, access_paced_tuples=500_000,
+            access_rate=40_000, access_cluster_reps=5)
 
 
 def machine() -> dict:
@@ -362,6 +372,20 @@ def sec_streaming(args, res: dict) -> None:
     streaming.run(args, res)
 
 
+def sec_access(args, res: dict) -> None:
+    """Security punctuations and privacy switches against the same plans without them: the master path in
+    one process, then end to end on a cluster (bench/access.py, bench/access_cluster.py); access.md."""
+    from bench import access, access_cluster
+
+    p = args.p
+    m = access.measure(p["access_tuples"], 20_000, p["access_reps"])
+    c = access_cluster.merge([
+        access_cluster.measure(p["access_fast_tuples"], p["access_rate"], p["access_cluster_reps"], ("fast",)),
+        access_cluster.measure(p["access_paced_tuples"], p["access_rate"], p["access_cluster_reps"], ("paced",))])
+    access.write_doc(master_text=access.render(m), cluster_text=access_cluster.render(c))
+    res["access"] = {"master_path": m, "cluster": c, "file": "access.md"}
+
+
 def sec_micro(args, res: dict) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "engine_micro.py"), "--reps", "3"]
     if args.quick:
@@ -374,7 +398,7 @@ def sec_micro(args, res: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Strata benchmark harness (docs/benchmarks/README.md)")
     ap.add_argument("--quick", action="store_true", help="small data, one repetition (minutes)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro"], help="run only these sections")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro", "access"], help="run only these sections")
     ap.add_argument("--insecure", action="store_true", help="clusters without mutual TLS")
     ap.add_argument("--cpu-reading", choices=["host", "process", "dedicated"], default="process",
                     help="Algorithm 5's load reading of the sections' own clusters (userpath always runs the "

@@ -428,6 +428,15 @@ def produce(argv: list[str]) -> int:
 
 
 # ---- the peer: Structured Streaming in its own process and JVM ------------------------------------
+#: the join's event time on the peer: ``PEER_EPOCH + ts`` seconds after the Unix epoch, not ``ts`` seconds.  Spark's
+#: watermark starts at 0 ms (the epoch itself) and a stream-stream join drops every input row whose event time is
+#: <= the current watermark as late (``WatermarkSupport.watermarkExpression``: ``et <= watermark``), already in the
+#: first micro-batch: instant 0's rows (event time = the epoch) never joined (the query's
+#: ``numRowsDroppedByWatermark`` = exactly the rows of instant 0 that pass the filters) and the pairs with one of them
+#: were missing.  A constant shift changes no pair (the condition is on differences) and the output's ``tau`` is
+#: still ``ts``.  (The RANGE query is unaffected: its watermark compares a window's end, >= 1 s.)
+PEER_EPOCH = 1_000_000_000
+
 SCHEMAS = {"Vitals": "ts BIGINT, level STRING, sid STRING, bp DOUBLE, pr DOUBLE, weight DOUBLE",
            "Positions": "ts BIGINT, level STRING, sid STRING, lat DOUBLE, lon STRING"}
 
@@ -481,9 +490,11 @@ def _peer_job(spark, job: dict) -> None:
                .select((F.unix_timestamp(F.col("window.end")) - 1).alias("tau"), "sid", "a"))
         mode = "update"
     elif query == "join":
-        v = (reads["Vitals"].where(F.col("bp") > JOIN_BP).withColumn("vet", F.timestamp_seconds("ts"))
+        v = (reads["Vitals"].where(F.col("bp") > JOIN_BP)
+             .withColumn("vet", F.timestamp_seconds(F.col("ts") + PEER_EPOCH))
              .withWatermark("vet", "10 seconds").alias("v"))
-        p = (reads["Positions"].where(F.col("lat") > JOIN_LAT).withColumn("pet", F.timestamp_seconds("ts"))
+        p = (reads["Positions"].where(F.col("lat") > JOIN_LAT)
+             .withColumn("pet", F.timestamp_seconds(F.col("ts") + PEER_EPOCH))
              .withWatermark("pet", "10 seconds").alias("p"))
         out = (v.join(p, F.expr("v.sid = p.sid AND v.vet >= p.pet - INTERVAL 9 SECONDS AND "
                                 "v.vet <= p.pet + INTERVAL 9 SECONDS"))
@@ -498,15 +509,18 @@ def _peer_job(spark, job: dict) -> None:
     seen: set[int] = set()
 
     def files_of(bid: int) -> set[int]:
-        """The instants whose files micro-batch ``bid`` had read by its end: the offset log names, per
-        source, the last source-log batch it covers (``logOffset``), every file logged up to it is in
-        (source-log batch ids are not micro-batch ids: a no-data micro-batch logs no files)."""
+        """The instants whose files micro-batch ``bid`` had read by its end, from every source: the offset log
+        names, per source, the last source-log batch it covers (``logOffset``), every file logged up to it is
+        in (source-log batch ids are not micro-batch ids: a no-data micro-batch logs no files).  An instant
+        counts only once each source's file of it is in (the join: Vitals' file of an instant can be read a
+        micro-batch before Positions'; its pairs with Positions' rows come in the later one)."""
         lines = (ck / "offsets" / str(bid)).read_text().splitlines()
         offs = [json.loads(x)["logOffset"] for x in lines[2:2 + len(streams)]]
-        got = set()
+        per = []
         for k, upto in enumerate(offs):
+            got = set()
             d = ck / "sources" / str(k)
-            for f in d.iterdir():
+            for f in (d.iterdir() if d.exists() else []):
                 name = f.name.split(".")[0]
                 if not name.isdigit() or int(name) > upto:
                     continue
@@ -514,7 +528,8 @@ def _peer_job(spark, job: dict) -> None:
                     e = json.loads(ln)
                     if e.get("batchId", 0) <= upto:
                         got.add(int(Path(e["path"]).stem[1:]))
-        return got
+            per.append(got)
+        return set.intersection(*per) if per else set()
 
     def sink(df, bid):
         t = df.toArrow()
@@ -533,7 +548,8 @@ def _peer_job(spark, job: dict) -> None:
     done.wait(job.get("timeout", 600))
     progress = []
     for pr in q.recentProgress:  # where a micro-batch's time goes (ms): Spark's own breakdown
-        progress.append({"batch": pr.batchId, **{k: int(v) for k, v in (pr.durationMs or {}).items()}})
+        progress.append({"batch": pr.batchId, **{k: int(v) for k, v in (pr.durationMs or {}).items()},
+                         "dropped": sum(int(o.numRowsDroppedByWatermark or 0) for o in (pr.stateOperators or []))})
     q.stop()
     if parts:
         import pyarrow.feather as feather
@@ -622,7 +638,7 @@ def peer_run(peer: Peer, query: str, d: Path, inputs: dict[str, pa.Table], rate:
             spark_ms[k + "_p50_ms"] = float(np.median(xs))
     return {"rows": rows, "close": land, "arrive": arrive, "last": instants[-1], "lag": round(lag, 3),
             "complete": info["complete"], "batches": len(info["batches"]), "load": [la0, la1],
-            "timings": spark_ms}
+            "timings": spark_ms, "dropped_by_watermark": sum(pr.get("dropped", 0) for pr in prog)}
 
 
 # ---- one step: both sides at one rate --------------------------------------------------------------
@@ -662,7 +678,8 @@ def step(side: str, query: str, rate: int, seconds: int, warmup: int, d: Path, s
            "sustained": ok, "why": why, "lag": r["lag"], "checked": checked, "load": r["load"]}
     if bad:
         rec["check_failed"] = bad
-    for k in ("backlog", "backlog_max", "timings", "counters", "ended", "batches", "complete", "producer_seconds"):
+    for k in ("backlog", "backlog_max", "timings", "counters", "ended", "batches", "complete", "producer_seconds",
+              "dropped_by_watermark"):
         if k in r:
             rec[k] = r[k]
     _log(f"{side:6s} {query} {rate:>9,}/s: p50 {lat['p50']} s, p99 {lat['p99']} s, last {lat['last']} s -> "
@@ -682,10 +699,14 @@ def exp_weights(query: str, exp) -> dict[int, int]:
 
 
 def sustained_search(query: str, sides: list[str], start: int, seconds: int, warmup: int, d: Path,
-                     strata: StrataSide | None, peers: dict, max_steps: int) -> dict:
+                     strata: StrataSide | None, peers: dict, max_steps: int,
+                     rates: dict[str, list[int]] | None = None) -> dict:
     """Every side at each rate of the doubling ladder (side by side, Strata first), then each side's
     bisection; one unmeasured warm-up run per side first (a low rate, ``warmup + 5`` instants), so that
-    neither side's first measured step pays its JVM's first plans and JIT."""
+    neither side's first measured step pays its JVM's first plans and JIT.  ``rates`` (side -> rates): no
+    search, each of those sides at exactly those rates, in turn (a repeat of given steps)."""
+    if rates:
+        sides = [s for s in sides if s in rates]
     warm = []
     for s in sides:
         rec = step(s, query, 1000, 5, warmup, d, strata, peers.get(s))
@@ -693,8 +714,11 @@ def sustained_search(query: str, sides: list[str], start: int, seconds: int, war
             ("check_failed",) if "check_failed" in rec else ())})
     results = {s: {} for s in sides}
     runs = []
-    for _ in range(max_steps):
-        todo = {s: next_rate(results[s], start) for s in sides}
+    for i in range(max(len(r) for r in rates.values()) if rates else max_steps):
+        if rates:
+            todo = {s: rates[s][i] for s in sides if i < len(rates[s])}
+        else:
+            todo = {s: next_rate(results[s], start) for s in sides}
         todo = {s: r for s, r in todo.items() if r is not None}
         if not todo:
             break
@@ -704,7 +728,7 @@ def sustained_search(query: str, sides: list[str], start: int, seconds: int, war
             runs.append(rec)
     best = {s: max((r for r, ok in results[s].items() if ok), default=0) for s in sides}
     out = {"query": QUERIES[query][0], "runs": runs, "warm": warm, "best": best, "seconds": seconds,
-           "warmup": warmup, "ratio": {}}
+           "warmup": warmup, "ratio": {}, **({"fixed_rates": rates} if rates else {})}
     for s in sides:
         if s != "strata":
             out["ratio"][s] = round(best["strata"] / best[s], 2) if best[s] else None
@@ -809,6 +833,12 @@ def run(args, res: dict) -> None:
            "bounds": {"p99": BOUND_P99, "last": BOUND_LAST, "lag": BOUND_LAG, "backlog": BOUND_BACKLOG},
            "peers": {k: PEERS[k] for k in peer_names}}
     prev = dict(res.get("streaming", {}))
+    repeat = bool(getattr(args, "repeat", False) or getattr(args, "rates", None))
+    for qn in QUERIES:  # a query of an earlier run kept beside this one's keeps that run's date, loads and code
+        if isinstance(prev.get(qn), dict) and "date" not in prev[qn]:
+            prev[qn] = {**prev[qn], **{k: prev[k] for k in ("date", "load_start", "load_end", "code") if k in prev}}
+    out["code"] = _code()
+    command = getattr(args, "command", None) or "python -m bench.run " + " ".join(sys.argv[1:])
     side, peers = None, {}
 
     failed: list[BaseException] = []  # correctness failures: the rest runs, the section fails at the end
@@ -824,9 +854,15 @@ def run(args, res: dict) -> None:
             # ROWS: Structured Streaming has no ROWS window over a stream; the join: only the tuned peer (Spark's
             # defaults sustain no rate at all on the RANGE query, and each step costs a minute and more)
             sides = ["strata"] + ([] if qn == "rows" else [p for p in peer_names if qn == "range" or p != "sss"])
+            stamp = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": loadavg(),
+                     "command": command, "code": out["code"]}
             try:
                 out[qn] = sustained_search(qn, sides, getattr(args, "start", None) or starts[qn], seconds, WARMUP,
-                                           d, side, peers, getattr(args, "max_steps", None) or 7)
+                                           d, side, peers, getattr(args, "max_steps", None) or 7,
+                                           _rates(getattr(args, "rates", None)))
+                out[qn].update(stamp, load_end=loadavg())
+                if repeat and isinstance(prev.get(qn), dict) and prev[qn].get("runs"):  # kept beside the first run
+                    out[qn] = {**prev[qn], "repeats": prev[qn].get("repeats", []) + [out[qn]]}
             except Exception as e:  # noqa: BLE001 - the other queries still run; the failure is reported
                 import traceback
                 traceback.print_exc()
@@ -854,6 +890,45 @@ def run(args, res: dict) -> None:
     shutil.rmtree(d, ignore_errors=True)
     if failed:
         raise failed[0]
+
+
+def _rates(specs: list[str] | None) -> dict[str, list[int]] | None:
+    """``--rates strata=60000,65000 sss_p2=1000`` -> ``{"strata": [60000, 65000], "sss_p2": [1000]}``."""
+    if not specs:
+        return None
+    out = {}
+    for spec in specs:
+        side, _, rs = spec.partition("=")
+        out[side] = [int(r) for r in rs.split(",") if r]
+    return out
+
+
+def _code() -> str:
+    """The code a run measured: HEAD, and which top-level directories carried uncommitted changes (other
+    engineers work in the same tree: the workers run the tree as it was at ``strata up``, each step's fresh
+    master and the peer as it was at that step)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=30).stdout.splitlines()
+    except Exception:  # noqa: BLE001 - not a git checkout
+        return "?"
+    dirs = sorted({ln[3:].split("/")[0] for ln in st if ln[3:]})
+    return f"HEAD {head}" + (f" plus uncommitted changes in {', '.join(dirs)}" if dirs else "")
+
+
+def merge_results(path: Path, streaming: dict) -> None:
+    """Write ``streaming`` as the ``streaming`` entry of ``path`` (results.json: re-read now, every other entry
+    as it is on disk) and regenerate streaming.md beside it, as bench/report.py does."""
+    res = json.loads(path.read_text()) if path.exists() else {}
+    res["streaming"] = streaming
+    path.write_text(json.dumps(res, indent=1, default=str))
+    sec = report_section(streaming)
+    (path.parent / "streaming.md").write_text(
+        "# Streaming protocol (issue 35, item 1)\n\nGenerated by `bench/run.py` (`--only streaming`) or "
+        "`python -m bench.streaming --merge` from results.json; method in bench/streaming.py, analysis in "
+        "bench/NOTES.md.\n\n" + "\n".join(sec[1:]) + "\n", encoding="utf-8")
 
 
 def _save_partial(res: dict) -> None:
@@ -886,35 +961,59 @@ def report_section(st: dict) -> list[str]:
          f"measured close + {b.get('backlog')} chunks. Structured Streaming: its own process and JVM, "
          "`local[*]`, 1 s processing-time trigger, one Parquet file per instant landing on the same schedule "
          "(bench/streaming.py says exactly how the semantics line up). Every run's output checked against "
-         f"DuckDB on every instant. 1-minute load average at the start {st.get('load_start', ['?'])[0]} on "
-         f"{st.get('cpus')} CPUs (each step's load below).", ""]
+         "DuckDB on every instant. " + (
+             f"{st.get('cpus')} CPUs, shared; each query's run under *Runs* with its date and 1-minute load average "
+             "at its start and end, each step's below." if any(isinstance(st.get(q), dict) and st[q].get("date")
+                                                               for q in QUERIES) else
+             f"1-minute load average at the start {st.get('load_start', ['?'])[0]} on {st.get('cpus')} CPUs (each "
+             "step's load below)."), ""]
     rows = []
-    for qn in ("range", "rows", "join"):
-        q = st.get(qn)
-        if not q:
-            continue
+
+    def searches(q: dict) -> list[tuple[str, dict]]:
+        """A query's search and its other runs (``--repeat``), each with its label for the tables."""
+        return [("", q)] + [(f" (other run {i}, {x.get('date', '?')})", x)
+                            for i, x in enumerate(q.get("repeats", []), 1)]
+
+    every = [(qn + tag, q) for qn in ("range", "rows", "join") if st.get(qn) for tag, q in searches(st[qn])]
+    for qn, q in every:
         if q.get("error"):
-            L += [f"`{q['query']}`: **failed**: {q['error'][:300]}", ""]
+            L += [f"`{q['query']}` ({qn}): **failed**: {q['error'][:300]}", ""]
             continue
+        # fixed rates (no search): a side's highest rate sustained with no higher one tried is a lower bound
+        low = {sd: bool(q.get("fixed_rates")) and b > 0 and b == max(q["fixed_rates"].get(sd, [0]))
+               for sd, b in q["best"].items()}
         for side, best in q["best"].items():
             at = [r for r in q["runs"] if r["side"] == side and r["rate"] == best]
             r = at[0] if at else {}
             ratio = q.get("ratio", {}).get(side) if side != "strata" else None
-            rows.append(f"| {qn} | {SIDE_NAMES.get(side, side)} | {best:,} | "
-                        f"{'' if side == 'strata' else ('—' if ratio is None else f'{ratio}x')} | "
+            ge = "≥ " if low.get(side) or (side != "strata" and low.get("strata")) else ""
+            rows.append(f"| {qn} | {SIDE_NAMES.get(side, side)} | {'≥ ' if low[side] else ''}{best:,} | "
+                        f"{'' if side == 'strata' else ('—' if ratio is None else f'{ge}{ratio}x')} | "
                         f"{_f(r.get('p50'))} | {_f(r.get('p99'))} | "
                         f"{_f(r['load'][0][0], 1) + '-' + _f(r['load'][1][0], 1) if r else '—'} |")
+        if q.get("fixed_rates"):
+            rows.append(f"| {qn} | (fixed rates, no search: " + "; ".join(
+                f"{k} {', '.join(f'{x:,}' for x in v)}" for k, v in q["fixed_rates"].items()) + ") | | | | | |")
     L += ["| query | system | highest sustained R (tuples/s) | Strata / this | p50 s at R | p99 s at R | load |",
           "|---|---|---:|---:|---:|---:|---:|"] + rows + [""]
     L += ["Queries: " + "; ".join(f"{qn}: `{st[qn]['query']}`" for qn in ("range", "rows", "join") if st.get(qn)), ""]
+    dated = [(qn.split(",")[0] + (")" if "," in qn else ""), q) for qn, q in every if q.get("date")]
+    if dated:
+        L += ["Runs: " + "; ".join(
+            f"{qn}: {q['date']}" + (f", load {q['load_start'][0]} at its start" if q.get("load_start") else "")
+            + (f" and {q['load_end'][0]} at its end" if q.get("load_end") else "")
+            + (f", `{q['command']}`" if q.get("command") else "") + (f", code {q['code']}" if q.get("code") else "")
+            + (f"; {q['note']}" if q.get("note") else "")
+            for qn, q in dated) + ".", ""]
     missing = [qn for qn in ("range", "rows", "join") if not st.get(qn)]
     if missing:
         L += [f"Not measured in this run: {', '.join(missing)} (bench/NOTES.md, *Streaming protocol*, says why).", ""]
     L += ["Every step (in the order run; a 0 means no tested rate was sustained):", "",
           "| query | system | R | p50 s | p99 s | last s | source lag s | master backlog | p50 ms: Strata engine / transport / wait; Spark batch / addBatch / walCommit | verdict | load |",
           "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
-    for qn in ("range", "rows", "join"):
-        for r in (st.get(qn) or {}).get("runs", []):
+    for qn, q in every:
+        qn = qn.split(",")[0] + (")" if "," in qn else "")  # "join (other run 1)"
+        for r in q.get("runs", []):
             t = r.get("timings") or {}
             keys = ("engine_p50_ms", "transport_p50_ms", "wait_p50_ms") if r["side"] == "strata" else \
                 ("triggerExecution_p50_ms", "addBatch_p50_ms", "walCommit_p50_ms")
@@ -957,17 +1056,32 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=int, help="measured seconds per step (default 60; after a 10 s warm-up)")
     ap.add_argument("--start", type=int, help="the first rate tried (tuples/s)")
     ap.add_argument("--max-steps", type=int)
+    ap.add_argument("--rates", nargs="+", metavar="SIDE=R,R",
+                    help="no search: each named side (strata, sss, sss_p2) at exactly these rates, e.g. a repeat "
+                         "of earlier steps (the report's best is then the highest of these sustained)")
     ap.add_argument("--no-catchup", dest="catchup", action="store_false")
     ap.add_argument("--peers", nargs="+", choices=list(PEERS))
     ap.add_argument("--catchup-only", action="store_true", help="only the catch-up runs")
+    ap.add_argument("--repeat", action="store_true",
+                    help="with --merge: add this run of each query as a repeat beside the one in the file (its "
+                         "figures stay the query's headline) instead of replacing it; implied by --rates")
     ap.add_argument("--catchup-runs", type=int, help="catch-up runs per system (default 2, quick 1)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--merge", metavar="RESULTS_JSON",
+                    help="keep the other queries' figures of this file's `streaming` entry, write the entry back "
+                         "with this run's queries replacing theirs (the file's other entries untouched) and "
+                         "regenerate streaming.md beside it")
     args = ap.parse_args(argv)
+    args.command = "python -m bench.streaming " + " ".join(argv)
     res: dict = {}
+    if args.merge and Path(args.merge).exists():
+        res["streaming"] = json.loads(Path(args.merge).read_text()).get("streaming", {})
     run(args, res)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    if args.merge:
+        merge_results(Path(args.merge), res["streaming"])
     print(json.dumps(res["streaming"], indent=1, default=str))
     return 0
 

@@ -21,6 +21,7 @@ from strata.groups import group_spec, level_slug
 from strata.private import open_private_log, private_dir, write_private
 from strata.serving import free_udp_port, pid_alive, progress
 from strata.tls import create_deployment, has_material
+from strata.trusted import MODES, top_of
 
 from .slots import check_round, release, start_gate
 
@@ -83,8 +84,14 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                   worker_env: dict[int, dict] | None = None, tls: bool = True,
                   load_reading: str | None = None, owner: str | None = None, tls_dir: Path | None = None,
                   wait: str = "all", stagger: bool = False, persist: bool = True,
-                  warm_queries: list[str] | None = None, lazy: bool = False, abort=None, standby: bool = False) -> dict:
+                  warm_queries: list[str] | None = None, lazy: bool = False, abort=None, standby: bool = False,
+                  mode: str = "replicated") -> dict:
     """Start one master and ``workers`` workers per level as background processes.
+
+    ``mode`` ``trusted`` (docs/trusted.md): instead, one trusted master (``master-trusted``) and
+    ``workers`` trusted workers (``worker-trusted-<i>``) serve every level of ``levels``, which must have
+    a top (a level dominating the others: the group they join); ``masters`` then names the one address
+    for each level.
 
     ``standby``: also a standby master per level (``master-<level>-standby``, its own state file
     ``master-<level>-standby.sqlite`` and address; docs/operations.md, *Standby masters*), started once
@@ -149,11 +156,11 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             f.write(json.dumps(list(warm_queries)))
     if standby and not persist:
         raise CliError("a standby master copies the active one's event log: it needs persist", EXIT_REJECTED)
+    groups = _groups(cfg, levels, mode, standby)  # (level, name slug, extra arguments): a group of processes each
     procs = []
     deferred = []  # standbys: started once their level's master is ready (it is then the active one)
     base = [sys.executable, "-m", "strata"]
-    for lv in levels:
-        slug = level_slug(lv)
+    for lv, slug, extra in groups:
         roles = [("master", f"master-{slug}")] + [("worker", f"worker-{slug}-{i}") for i in range(workers)]
         standby_listen = f"127.0.0.1:{_free_tcp_port()}" if standby else None
         previous = None  # the level's previous worker's ready file (stagger)
@@ -163,6 +170,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             cmd = base + [role, "--config", str(Path(config).resolve()), "--level", lv, "--listen", "127.0.0.1:0",
                           "--state-dir", str(state_dir.resolve()), "--multicast-port", str(port),
                           "--ready-file", str(ready), "--log-file", str((state_dir / "logs" / f"{name}.log").resolve())]
+            cmd += extra
             if not tls:
                 cmd.append("--insecure")
             elif tls_dir is not None:
@@ -203,7 +211,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env=env)
             procs.append({"name": name, "role": role, "level": lv, "pid": p.pid, "ready": str(ready), "cmd": cmd,
-                          "env": (env or {}) and {k: v for k, v in env.items() if k.startswith("STRATA_")}})
+                          "env": (env or {}) and {k: v for k, v in env.items() if k.startswith("STRATA_")}}
+                         | ({"serves": list(levels)} if mode == "trusted" else {}))
     record = {"config": str(Path(config).resolve()), "multicast_port": port, "processes": procs,
               "tls_dir": str(tls_path.resolve()) if tls else None}
     write_private(state_dir / "cluster.json", json.dumps(record, indent=2))
@@ -236,7 +245,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             return False
         return all(any(p["level"] == lv and p["role"] == "worker" and p["name"] not in pending for p in procs)
                    and not any(p["level"] == lv and p["role"] == "master" and p["name"] in pending for p in procs)
-                   for lv in levels)
+                   for lv, _, _ in groups)
 
     while not enough() and time.monotonic() < deadline:
         failure = abort() if abort is not None else None
@@ -270,7 +279,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     except CliError:
         stop_cluster(state_dir)
         raise
-    out = {"masters": {p["level"]: p["address"] for p in procs if p["role"] == "master"},
+    out = {"masters": {lv: p["address"] for p in procs if p["role"] == "master" for lv in p.get("serves", [p["level"]])},
            "tls_dir": record["tls_dir"],
            "seconds": {"first": None if first is None else round(first, 2),
                        "all": None if pending else round(time.monotonic() - t_start, 2)},
@@ -279,6 +288,26 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     if standby:
         out["standbys"] = {p["level"]: p.get("address") for p in procs if p["role"] == "standby"}
     return out
+
+
+def _groups(cfg, levels: list[str], mode: str, standby: bool) -> list[tuple[str, str, list[str]]]:
+    """The groups of processes to start: (level, name slug, extra arguments of each process).  Replicated:
+    one per level.  Trusted: one for all ``levels``, of their top, named ``trusted``."""
+    if mode == "replicated":
+        return [(lv, level_slug(lv), []) for lv in levels]
+    if mode != "trusted":
+        raise CliError(f"--mode {mode}: must be replicated or trusted", EXIT_REJECTED)
+    top = top_of(cfg.lattice, levels)
+    if top is None:
+        raise CliError(f"--mode trusted: no level of {', '.join(levels)} dominates the others (a trusted master and "
+                       f"its workers join the group of their top level)", EXIT_REJECTED)
+    if standby:
+        raise CliError("--mode trusted: a trusted master has no standbys yet (--standby)", EXIT_REJECTED)
+    if cfg.cluster.scheduler != "shared":
+        raise CliError(f"--mode trusted: [cluster] scheduler = \"{cfg.cluster.scheduler}\" schedules level groups' "
+                       f"processes; a trusted process serves every level (its own scheduler is not built yet: "
+                       f"docs/trusted.md)", EXIT_REJECTED)
+    return [(top, "trusted", ["--trusted-levels", ",".join(levels)])]
 
 
 def _free_tcp_port() -> int:
@@ -348,7 +377,7 @@ def renew_master(state_dir: Path, level: str, timeout: float = 60.0) -> tuple[st
     if not f.exists():
         raise CliError(f"no running cluster in {state_dir} (start one with `strata up`)")
     record = json.loads(f.read_text())
-    p = next((x for x in record["processes"] if x["role"] == "master" and x["level"] == level), None)
+    p = next((x for x in record["processes"] if x["role"] == "master" and level in x.get("serves", [x["level"]])), None)
     if p is None:
         raise CliError(f"the cluster in {state_dir} has no master of level {level}")
     if any(x["role"] == "standby" and x["level"] == level for x in record["processes"]):
@@ -364,8 +393,9 @@ def renew_master(state_dir: Path, level: str, timeout: float = 60.0) -> tuple[st
             time.sleep(0.05)
         if alive(p["pid"]):
             os.killpg(p["pid"], signal.SIGKILL)
-    for old in state_dir.glob(f"master-{level_slug(level)}.sqlite*"):  # its timeline, queries and sessions
-        old.unlink(missing_ok=True)
+    for lv in p.get("serves", [level]):  # a trusted master's: every level's (they restart together)
+        for old in state_dir.glob(f"master-{level_slug(lv)}.sqlite*"):  # its timeline, queries and sessions
+            old.unlink(missing_ok=True)
     p = restart_process(state_dir, p["name"], timeout=timeout)
     return p["address"], record.get("tls_dir"), record["config"]
 
@@ -437,7 +467,8 @@ def cmd_up(args) -> int:
     levels = parse_levels(cfg, args.levels)
     chunk_instants_of(cfg, args.chunk_seconds)  # a chunk length that is no whole number of instants: refused now
     out = start_cluster(args.config, levels, args.workers, Path(args.state_dir), args.chunk_seconds,
-                        args.multicast_port or None, tls=not args.insecure, standby=args.standby)
+                        args.multicast_port or None, tls=not args.insecure, standby=args.standby,
+                        mode=args.mode or cfg.cluster.mode)
     print(json.dumps({k: out[k] for k in ("masters", "standbys", "tls_dir", "seconds") if k in out}))
     return EXIT_OK
 
@@ -486,6 +517,9 @@ def add_parsers(sub) -> None:
     up.add_argument("--standby", action="store_true",
                     help="also a standby master per level: it follows the master's event log and takes over when it "
                          "dies (printed under \"standbys\"; restart it with --restart master:LEVEL:standby)")
+    up.add_argument("--mode", choices=MODES, default=None,
+                    help="replicated: a master and workers per level; trusted: one master and --workers workers serve "
+                         "every level of --levels (default [cluster] mode; docs/trusted.md)")
     up.add_argument("--restart", action="append", metavar="PROCESS",
                     help="start a dead process of the cluster in --state-dir again on its address: master:LEVEL, "
                          "master:LEVEL:standby, worker:LEVEL:INDEX or its recorded name (repeat for several); a master resumes from its "

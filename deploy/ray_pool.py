@@ -646,6 +646,9 @@ def node_env(level: str, state_dir: Path, node_ip: str, *, head: bool, profile: 
            "RAY_AUTH_TOKEN_PATH": str(ensure_token(state_dir, level, create=head)),
            "RAY_enable_metrics_collection": "0",  # no metrics export (nothing scrapes it)
            NODE_ENV: json.dumps(profile, sort_keys=True)}
+    if head:  # Ray gives its new GCS ~20 s to answer; a loaded host (Spark workers starting) needs longer:
+        # seen failing as "No such file ... gcs_server.err" after 30 s at a load of 10 on 2 cores
+        env["RAY_gcs_server_port_wait_time_s"] = os.environ.get("RAY_gcs_server_port_wait_time_s", "60")
     env.update(node_tls(state_dir, level, node_ip, create_ca=head))
     if not bind_any:
         shim = str(build_bind_shim(state_dir))
@@ -765,7 +768,8 @@ class RayNode:
                 break
             except Exception as e:  # noqa: BLE001 - Ray gives its raylet a fixed 30 s to register
                 _kill_all(_descendants())
-                if "timed out during startup" not in str(e) or attempt == 2:
+                # a GCS that never answered: Ray then fails reading a gcs_server.err it no longer writes
+                if not any(s in str(e) for s in ("timed out during startup", "gcs_server.err")) or attempt == 2:
                     self._remove_short_dir()
                     raise RuntimeError(f"the Ray {'head' if self.head else 'node'} of level {self.level} at "
                                        f"{self.node_ip} did not start: {e}") from e

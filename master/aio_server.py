@@ -329,7 +329,7 @@ class MasterServer:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_receive),
                                                ("grpc.max_send_message_length", MAX_MESSAGE),
                                                ("grpc.so_reuseport", 0)])
-        self.front = AioMaster(self.servicer, self.peer_check, *self.threads, replication=self.replication)
+        self.front = self.make_front()
         rpc.add_MasterServicer_to_server(self.front, self.server)
         host = self.listen.rsplit(":", 1)[0]
         port = (self.server.add_secure_port(self.listen, self.credentials) if self.credentials is not None
@@ -337,6 +337,11 @@ class MasterServer:
         if port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         return f"{host}:{port}"
+
+    def make_front(self):
+        """The servicer the server serves, built on its event loop (a trusted master's routes calls to one
+        such front per level: master/trusted.py)."""
+        return AioMaster(self.servicer, self.peer_check, *self.threads, replication=self.replication)
 
     def start(self) -> "MasterServer":
         self._on_loop(self.server.start())

@@ -11,6 +11,7 @@ from strata.groups import level_slug
 from strata.private import private_dir
 from strata.serving import add_process_options, exit_now, group_spec_of, progress, ready_writer, server_tls, \
     start_logging
+from strata.trusted import trusted_levels
 from strata.users import UserStore
 
 __all__ = ["cmd_master", "add_parsers"]
@@ -29,8 +30,14 @@ def cmd_master(args) -> int:
     if peers and (args.no_persist or not (args.state_dir or args.state_file)):
         raise CliError("--peers needs a state file (--state-dir or --state-file): a standby copies the active "
                        "master's event log into it", EXIT_REJECTED)
+    levels = trusted_levels(cfg, level, args.trusted_levels)  # a trusted master's (docs/trusted.md); () else
+    if levels and (peers or args.state_file):
+        raise CliError("--trusted-levels: a trusted master has no standbys (--peers) and keeps a state file per level "
+                       "in --state-dir (or each level's data_dir), not --state-file", EXIT_REJECTED)
     pin_current_process(level, cfg)  # [groups."L"] cpus: this level's CPUs only
     tls_dir = server_tls(level, "master", args.tls_dir, args.state_dir, args.insecure)
+    for lv in levels[1:]:  # a trusted master holds the certificate of each of its levels
+        server_tls(lv, "master", args.tls_dir, args.state_dir, args.insecure)
     spec = group_spec_of(cfg, level, args.state_dir, args.multicast_port)
     users = UserStore(cfg.users_path, cfg.lattice)
     state_path = None
@@ -46,7 +53,14 @@ def cmd_master(args) -> int:
     if args.owner:
         progress(f"user {args.owner} has every role on this master (--owner)")
     try:
-        if peers:  # a standby of the active one, or the active one its standbys follow (master/standby.py)
+        if levels:  # one process for several levels: a pipeline and a state file per level (master/trusted.py)
+            from strata.master.trusted import serve_trusted_master  # deferred: as the server, above
+
+            serve_trusted_master(cfg, levels, args.listen, spec, users, chunk_instants=chunk_instants,
+                                 ready=ready_writer(args.ready_file, "master"), tls_dir=tls_dir,
+                                 state_paths={lv: _state_path(cfg, lv, args) for lv in levels},
+                                 owner=args.owner or None)
+        elif peers:  # a standby of the active one, or the active one its standbys follow (master/standby.py)
             from strata.master.standby import Fenced, serve_replicated  # deferred: as the server, above
 
             try:
@@ -62,6 +76,16 @@ def cmd_master(args) -> int:
     except StateMismatch as e:  # the state file belongs to another level or configuration
         raise CliError(str(e)) from None
     exit_now(EXIT_OK)
+
+
+def _state_path(cfg, level: str, args) -> Path | None:
+    """A trusted master's state file of ``level``: in the level's ``data_dir``, else in ``--state-dir``
+    (as a master of that level alone keeps it); None with ``--no-persist`` or neither."""
+    if args.no_persist:
+        return None
+    if (data := cfg.group(level).data_path(cfg.path)) is not None:
+        return private_dir(data, f'[groups."{level}"] data_dir') / f"master-{level_slug(level)}.sqlite"
+    return Path(args.state_dir) / f"master-{level_slug(level)}.sqlite" if args.state_dir else None
 
 
 def add_parsers(sub) -> None:
@@ -82,5 +106,9 @@ def add_parsers(sub) -> None:
                         "its own)")
     m.add_argument("--takeover-seconds", type=float, default=2.0,
                    help="with --peers: how long the active master may not answer before a standby in sync takes over")
+    m.add_argument("--trusted-levels", metavar="LEVELS",
+                   help="the trusted architecture (docs/trusted.md): also serve the sessions of these levels, each "
+                        "with its own pipeline and state file (--level is their top: its group; a certificate per "
+                        "level)")
     m.set_defaults(func=cmd_master)
 

@@ -185,6 +185,13 @@ class Sessions:
             s.last_used = now
             return s
 
+    def holds(self, token: str | None) -> bool:
+        """Whether ``token`` is a session of this object (expired or not; a trusted master routes a
+        call to the level whose sessions hold its token: master/trusted.py)."""
+        key = token_digest(token or "")
+        with self._lock:
+            return key in self._by_token
+
     def _roles_of(self, user: str, roles) -> frozenset:
         if self.owner is not None and user == self.owner:
             return frozenset(ROLES)

@@ -317,6 +317,10 @@ class ClusterSettings:
                                   lambda v: isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v)
                                   and 0 < v[0] <= v[1] <= 1, lambda v: (float(v[0]), float(v[1])),
                                   bad=([0, 0.5], [0.8, 0.3], [0.3, 1.5], 0.5)))
+    # the deployment's architecture (docs/trusted.md): a master and worker group per level, or one of each
+    mode: str = option("replicated", "replicated: a master and a worker group per level; trusted: one master and "
+                                     "one worker group, trusted for every level of the deployment, serve them all "
+                                     "(strata up --mode; docs/trusted.md)", one_of("replicated", "trusted"))
     penalty_rounds: tuple[int, int] = option(
         (1, 10), "dynamic_threshold: the range [LO, HI] of the rounds a penalty lasts (beta) is drawn from",
         Check("must be [LO, HI], integers with 1 <= LO <= HI <= 1000",
@@ -381,6 +385,10 @@ class GroupSettings:
                                      host_port())
     ray_port: int | None = option(None, "the base port of the level's Ray cluster (default 46000 + 100 x the "
                                         "level's position in the lattice)", integer(1, 65535))
+    worker_metrics_port: int | None = option(None, "the port on the level's address each of its workers serves its "
+                                                   "Prometheus metrics on, HTTPS for the level's scraper certificate "
+                                                   "only (worker/metrics.py; unset: none; 0: any free port)",
+                                             integer(0, 65535))
     #: ``spark_master``, ``spark_conf``, ``spark_secret_file`` (declared and parsed in strata/spark_settings.py)
     spark: SparkSettings | None = None
     #: ``spark_secret_file`` as the file writes it (relative to the config file; :attr:`spark` has it absolute)

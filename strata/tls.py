@@ -213,9 +213,16 @@ def _material(tls_dir: Path | str, role: str, level: str) -> tuple[bytes, bytes,
     return ca.read_bytes(), cert.read_bytes(), key.read_bytes()
 
 
-def server_credentials(tls_dir: Path | str, role: str, level: str) -> grpc.ServerCredentials:
+def server_credentials(tls_dir: Path | str, role: str, level: str, also: tuple[str, ...] = ()) -> grpc.ServerCredentials:
+    """``also``: more levels whose ``<role>`` certificate the server holds (a trusted master or worker,
+    docs/trusted.md): the handshake presents the one whose name the caller pins (SNI), so a caller of
+    level S meets ``<role>.S.strata`` as with a server of level S alone."""
     ca, cert, key = _material(tls_dir, role, level)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+    pairs = [(key, cert)]
+    for other in dict.fromkeys(lv for lv in also if lv != level):
+        _, c, k = _material(tls_dir, role, other)
+        pairs.append((k, c))
+    return grpc.ssl_server_credentials(pairs, root_certificates=ca, require_client_auth=True)
 
 
 def secure_channel(address: str, tls_dir: Path | str, role: str, level: str, peer_role: str,
@@ -233,10 +240,12 @@ class PeerCheck(grpc.ServerInterceptor):
     Counts refusals in ``refused`` (reason → n) so they show in status.
     """
 
-    def __init__(self, level: str, roles: tuple[str, ...], refused=None):
+    def __init__(self, level: str, roles: tuple[str, ...], refused=None, levels: tuple[str, ...] = ()):
+        """``levels``: the levels a trusted server serves (docs/trusted.md); default ``level`` alone."""
         self.level = level
         self.roles = roles
         self.refused = refused if refused is not None else {}
+        self.levels = tuple(levels) or (level,)
 
     def refusal(self, context) -> tuple[grpc.StatusCode, str] | None:
         """(PERMISSION_DENIED, one line) if the caller's certificate is refused (counted), else None.
@@ -246,8 +255,9 @@ class PeerCheck(grpc.ServerInterceptor):
             reason, msg = "tls_no_identity", "a Strata component certificate is required"
         elif who.role not in self.roles:
             reason, msg = "tls_wrong_role", f"certificate of a {who.role}; this server serves {'/'.join(self.roles)}"
-        elif who.level != self.level:
-            reason, msg = "tls_wrong_level", f"certificate of level {who.level}; this server is of level {self.level}"
+        elif who.level not in self.levels:
+            serves = f"level {self.level}" if len(self.levels) == 1 else f"levels {', '.join(self.levels)}"
+            reason, msg = "tls_wrong_level", f"certificate of level {who.level}; this server is of {serves}"
         else:
             return None
         self.refused[reason] = self.refused.get(reason, 0) + 1

@@ -9,6 +9,8 @@ import pytest
 from strata.config import parse_config
 from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
 
+from .cpu_profile import register as register_cpu_profile
+
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 CHINESE_WALL_TOML = AUDIT_TOML  # the name the tests use
@@ -114,20 +116,27 @@ def pytest_addoption(parser):
                           + ", ".join(SLOW_TIERS) + " (CI runs everything)")
 
 
-#: seconds the longest test files took in a full run (serial, 2026-11-27): they are collected first, so
-#: that with several pytest processes (``./dev test``: pytest-xdist, a file per process) the longest
-#: start first and the run does not end waiting for one of them.  Order within a file is kept.  Not here
-#: on purpose: tests/test_slot_timing.py and test_scheduling.py measure a gate's timing, which a Ray
-#: or Spark cluster test beside them disturbs (started first, next to test_ray_hosts.py, they failed
-#: once: slot edges 40 ms late on average); collected late, they ran beside lighter files.
-LONG_FILES = {"test_cluster_e2e.py": 140, "test_ray_hosts.py": 125, "test_deploy_spark.py": 115,
-              "test_relations.py": 100, "test_exactly_once.py": 90, "test_deploy_ssh.py": 86,
-              "test_subqueries.py": 80, "test_setops.py": 66, "test_shedding.py": 60, "test_failures.py": 53,
-              "test_scaler.py": 40, "test_adaptive.py": 38, "test_checkpoint.py": 32, "test_differential.py": 32,
-              "test_elastic.py": 30, "test_window_filters.py": 29, "test_spark_cluster.py": 27,
-              "test_heartbeats_e2e.py": 24, "test_deploy_netns.py": 22, "test_level_safety.py": 19,
-              "test_metrics.py": 30, "test_api.py": 20, "test_access_e2e.py": 30, "test_access_differential.py": 20,
-              "test_file_modes.py": 20, "test_range_partials.py": 15}
+#: seconds the longest test files took in a full run (2026-11-27, scaled to a quiet machine): they are
+#: collected first, so that with several pytest processes (``./dev test``: pytest-xdist, a file per process)
+#: the longest start first and the run does not end waiting for one of them.  Order within a file is kept.
+#: tests/test_slot_timing.py (80 s) measures a gate's timing, which a Ray or Spark cluster test beside it
+#: disturbs (started first, next to test_ray_hosts.py, it failed once: slot edges 40 ms late on average);
+#: its weight puts it after every cluster-heavy file has started but not at the very end (unlisted, it
+#: came late and the run waited for it); test_scheduling.py (a few seconds) stays unlisted.
+LONG_FILES = {"test_ray_hosts.py": 185, "test_cluster_e2e.py": 140, "test_deploy_spark.py": 115,
+              "test_exactly_once.py": 107, "test_relations.py": 100, "test_deploy_ssh.py": 93,
+              "test_setops.py": 92, "test_subqueries.py": 80,
+              "test_query_errors.py": 76, "test_query_depth.py": 76, "test_trusted_e2e.py": 70, "test_spark_cluster.py": 65,
+              "test_differential.py": 62, "test_shedding.py": 60, "test_roles.py": 55, "test_failures.py": 53,
+              "test_sharing_exec.py": 47, "test_scaler.py": 47, "test_printer_roundtrip.py": 43,
+              "test_deploy_netns.py": 43, "test_level_safety.py": 39, "test_adaptive.py": 39,
+              "test_window_filters.py": 38, "test_heartbeats_e2e.py": 33, "test_checkpoint.py": 32,
+              "test_access_e2e.py": 30, "test_elastic.py": 30, "test_metrics.py": 30, "test_worker_metrics.py": 30, "test_slide.py": 26,
+              "test_access_differential.py": 24, "test_slot_timing.py": 22, "test_standby.py": 21, "test_master_streams.py": 21,
+              "test_streams_add.py": 20, "test_trusted_differential.py": 20, "test_file_modes.py": 20, "test_api.py": 20, "test_engine.py": 19,
+              "test_restart.py": 16, "test_cli_frontend.py": 15, "test_fuzz.py": 15,
+              "test_range_partials.py": 15, "test_login_throttle.py": 14, "test_distinct.py": 12,
+              "test_heartbeats.py": 12, "test_categories.py": 11}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -145,3 +154,4 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ray: starts a private Ray cluster (the elastic scaler, tests/test_scaler.py)")
+    register_cpu_profile(config)  # STRATA_TEST_CPU=DIR: CPU seconds per test (tests/cpu_profile.py); off by default

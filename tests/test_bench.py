@@ -280,3 +280,61 @@ def test_streaming_section_renders():
     text = "\n".join(S.report_section(st))
     assert "| range | Strata (`strata up`, 2 workers) | 20,000 |" in text and "| 4.0x |" in text
     assert "200 / 15 / 100" in text
+    st["range"].update(date="2026-11-27 13:00 UTC", load_start=[2.0, 1, 1], load_end=[3.0, 1, 1],
+                       command="python -m bench.streaming --queries range")
+    text = "\n".join(S.report_section(st))
+    assert "Runs: range: 2026-11-27 13:00 UTC, load 2.0 at its start and 3.0 at its end" in text
+    assert S._rates(["strata=60000,65000", "sss_p2=1000"]) == {"strata": [60000, 65000], "sss_p2": [1000]}
+
+
+def test_access_cluster_pieces(tmp_path):
+    """bench/access_cluster.py without a cluster: the reference it checks every run against (a tiny input,
+    a wrong output refused), the switch's expected rows, the summary and its table, and access.md keeping
+    the master-path part when only the cluster part is written."""
+    import pytest
+
+    from bench import access, access_cluster as A
+    from bench.check import BenchCheckFailed
+
+    tables = {"Vitals": W.vitals(2_000, 500, 1), "Positions": W.positions(2_000, 500, 2)}
+    ref = A.Reference(tables)
+    assert ref.instants == [0, 1, 2, 3]
+    plain, policy = ref.rows("plain"), ref.rows("policy")
+    assert all(plain[t] for t in ref.instants) and sum(map(len, policy.values())) < sum(map(len, plain.values()))
+    assert {r[2] for rs in policy.values() for r in rs} <= {f"s{i}" for i in range(W.SIDS // 2)}
+    rows = [r for rs in plain.values() for r in rs]
+    assert "the reference agrees on all 4 instants" in A.check(ref, "plain", rows, None, "t")
+    with pytest.raises(BenchCheckFailed):
+        A.check(ref, "plain", rows[1:], None, "t")
+    # off over [1, 3): no rows there; instant 3's window lost instant 2 (ROWS 100 within instant 3: the same rows)
+    sw = ref.switched(1, 3)
+    assert sorted(sw) == [0, 3] and sw[0] == plain[0] and sorted(sw[3]) == sorted(plain[3])
+    A.check(ref, "switch", [r for t in (0, 3) for r in plain[t]], (1, 3), "t")
+    with pytest.raises(BenchCheckFailed):
+        A.check(ref, "switch", rows, (1, 3), "t")
+    joined = ref.rows("join/shielded")
+    assert {r[2] for rs in joined.values() for r in rs} <= {f"s{i}" for i in range(W.SIDS // 2)}
+
+    def run(v, thr, cpu, lat, sw=None):
+        return {"variant": v, "seconds": 1.0, "throughput": thr, "throughput_after_first": thr * 2,
+                "first_result": 0.5, "cpu_seconds": cpu, "chunk_latency_ms": lat, "engine_p50_ms": lat / 2,
+                "ingest_seconds": 0.8, "out_rows": 10, "load": [[1.0, 1, 1], [2.0, 1, 1]], "switch": sw,
+                "switches": [{"blocked": 7}] if sw else []}
+
+    fast = A.summarize({"plain": [run("plain", 100, 2.0, 10), run("plain", 120, 2.2, 12)],
+                        "policy": [run("policy", 90, 2.2, 11), run("policy", 110, 2.2, 12)]}, "fast")
+    assert fast["variants"]["policy"]["throughput"] == 100 and round(fast["variants"]["policy"]["throughput_vs"], 2) == -9.09
+    assert round(fast["variants"]["policy"]["cpu_seconds_paired"], 2) == 5.0  # median of +10 % and 0 %
+    paced = A.summarize({"plain": [run("plain", 50, 2.0, 10)], "switch": [run("switch", 50, 1.5, 9, (3, 6))]}, "paced")
+    res = {"tuples": 1000, "per_instant": 100, "rate": 100, "reps": 2, "started": "s", "finished": "f",
+           "load_start": [1, 1, 1], "load_end": [2, 2, 2], "cpus": 2, "hooks_at": [0.2, 0.55], "checks": ["a"] * 6,
+           "modes": {"fast": fast, "paced": paced}}
+    text = A.render(res)
+    assert text.startswith(A.HEADING) and "| policy | agg | 100 | -9.1 % (-9.2 %) | 0.80 | 0.50 / 1.00 | 2.20 | +4.8 % (+5.0 %) |" in text
+    assert "off over instants [3, 6) of 10, tuples blocked [7]" in text and "2.0 s and 5.5 s after" in text and "| switch | 1.00 | 1.5 | -25.0 % (-25.0 %) | 9 | -10.0 % (-10.0 %) |" in text
+    out = tmp_path / "access.md"
+    access.write_doc(master_text="# master part\n\nfigures\n", out=out)
+    access.write_doc(cluster_text=text, out=out)
+    access.write_doc(master_text="# master part\n\nnew figures\n", out=out)
+    got = out.read_text()
+    assert got.startswith("# master part\n\nnew figures\n") and got.count(A.HEADING) == 1 and "| policy | agg |" in got

@@ -58,7 +58,9 @@ REPO = Path(__file__).resolve().parent.parent
 QUERIES = ["SELECT sid, AVG(bp), COUNT(*) FROM Vitals [ROWS 100] GROUP BY sid",
            "SELECT AVG(bp) FROM Vitals [ROWS 30]"]
 # the time-outs Ray has fixed for its own start-up (its raylet: 30 s to register; its GCS port file)
-RAY_DID_NOT_START = ("timed out during startup", "Timed out waiting for file")
+#: Ray's own start-up time-outs on a busy host (a GCS that never answered makes Ray read a gcs_server.err
+#: it no longer writes); deploy/ray_pool.py retries each once
+RAY_DID_NOT_START = ("timed out during startup", "Timed out waiting for file", "gcs_server.err")
 
 CONFIG = BATTLEFIELD_TOML + f"""
 [cluster]

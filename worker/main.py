@@ -13,6 +13,9 @@ from strata.errors import EXIT_OK
 from strata.private import private_dir
 from strata.serving import add_process_options, exit_now, group_spec_of, ready_writer, server_tls, start_logging
 from strata.spark_settings import spark_settings
+from strata.trusted import trusted_levels
+
+from . import metrics as worker_metrics
 
 __all__ = ["cmd_worker", "add_parsers"]
 
@@ -23,6 +26,7 @@ def cmd_worker(args) -> int:
     start_logging(args.log_file)
     cfg = config_of(args)
     level = level_of(cfg, args.level)
+    levels = trusted_levels(cfg, level, args.trusted_levels)  # a trusted worker's (docs/trusted.md); () else
 
     # the level's Spark: --spark-master, else [groups."L"] spark_master, else $STRATA_SPARK_MASTER, else
     # local[1]; a cluster's secret is read now (a missing or exposed file: one line before anything starts)
@@ -30,9 +34,13 @@ def cmd_worker(args) -> int:
     secret = None if spark.is_local else spark.read_secret()
     pin_current_process(level, cfg)  # [groups."L"] cpus: this level's CPUs only (the JVM inherits them)
     tls_dir = server_tls(level, "worker", args.tls_dir, args.state_dir, args.insecure)
+    for lv in levels[1:]:  # a trusted worker holds the certificate of each of its levels
+        server_tls(lv, "worker", args.tls_dir, args.state_dir, args.insecure)
     spec = group_spec_of(cfg, level, args.state_dir, args.multicast_port)
     # Algorithm 5's CPU reading (worker/load.py): the flag, else [cluster] load_reading, else host
     reading = args.load_reading or cfg.cluster.reading()
+    # [groups."L"] worker_metrics_port: the worker's own /metrics (worker/metrics.py), bound now, served once ready
+    endpoint = worker_metrics.endpoint_of(cfg, level, args.listen, tls_dir)
     if args.start_after:  # a staggered start: let the previous worker's JVM start alone first
         deadline = time.monotonic() + 120
         while not Path(args.start_after).exists() and time.monotonic() < deadline:
@@ -43,8 +51,9 @@ def cmd_worker(args) -> int:
                 print(f"[strata] starting in {wait:.1f} s if the run still goes on then (as long as the start-up "
                       f"before this worker took)", file=sys.stderr, flush=True)
                 time.sleep(wait)  # a run that ends sooner stops this process meanwhile (SIGTERM)
-    serve_worker(cfg, level, args.listen, spec, spark_master=spark.master,
-                 ready=ready_writer(args.ready_file, "worker"), tls_dir=tls_dir, load_reading=reading,
+    serve_worker(cfg, level, args.listen, spec, spark_master=spark.master, levels=levels,
+                 ready=worker_metrics.on_ready(endpoint, args.ready_file, ready_writer(args.ready_file, "worker")),
+                 tls_dir=tls_dir, load_reading=reading,
                  warm_queries=_read_warm_queries(args.warm_queries),
                  spark_conf=scratch_conf(dict(spark.conf), cfg.group(level).data_path(cfg.path) or args.state_dir,
                                          spark.is_local), spark_secret=secret)
@@ -116,5 +125,10 @@ def add_parsers(sub) -> None:
     w.add_argument("--load-reading", choices=["host", "process"], default=None,
                    help="the CPU reading Algorithm 5 compares with 90 %%: the host's CPUs (default, "
                         "[cluster] load_reading) or this worker's own processes (workers sharing a host)")
+    w.add_argument("--trusted-levels", metavar="LEVELS",
+                   help="the trusted architecture (docs/trusted.md): also execute chunks of these levels' masters, "
+                        "each checked as a worker of that level would (--level is their top: its group; a "
+                        "certificate per level)")
     w.set_defaults(func=cmd_worker)
+    worker_metrics.add_parsers(sub)  # strata scraper-cert: the certificate the workers' /metrics answer
 

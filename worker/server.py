@@ -16,7 +16,7 @@ from strata.groups.membership import GroupMember
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.serving import build_server, run_until_stopped
-from strata.tls import PeerCheck, server_credentials
+from strata.tls import PeerCheck, peer_identity, server_credentials
 
 from .assemble import describe_error, is_infrastructure_error
 from .load import make_load, spark_executor_samples
@@ -44,6 +44,12 @@ class WorkerServicer(rpc.WorkerServicer):
     def Execute(self, request, context):
         chunk = request.chunk  # once: every read of a bytes field copies it (a unit: tens of MB)
         self._auth(context, request.level, execute_digest(request, chunk))
+        if len(self.core.levels) > 1:  # a trusted worker: a level's chunks come over a link of that level
+            who = peer_identity(context)
+            if who is not None and who.level != request.level:
+                self.core.refused["wrong_link_level"] += 1
+                context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                              f"an Execute of level {request.level} over a link of level {who.level}")
         try:  # fencing (after the signature: the epoch is signed): a replaced master drives no worker
             self.core.fence(request.epoch)
         except WorkerFenced as e:
@@ -106,8 +112,13 @@ def partials_switch(environ=None) -> str:
 def serve_worker(config, level: str, listen: str, spec, spark_master: str = "local[2]",
                  ready=None, stop_event: threading.Event | None = None, tls_dir=None,
                  load_reading: str = "host", warm_queries: list[str] | tuple = (),
-                 spark_conf: dict | None = None, spark_secret: str | None = None) -> None:
+                 spark_conf: dict | None = None, spark_secret: str | None = None, levels=()) -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop_event``).
+
+    ``levels``: a trusted worker's levels (``[cluster] mode = "trusted"``, docs/trusted.md; ``level``
+    is their top, whose group it joins): it executes chunks of each of them, for a master presenting
+    that level's certificate, in that level's Spark scheduler pool (FAIR scheduling), with slots per
+    level.
 
     ``spark_master``, ``spark_conf``, ``spark_secret``: the level's Spark (strata/spark_settings.py):
     a cluster master needs the secret, and the driver binds to :func:`driver_host` of ``listen``.
@@ -125,6 +136,9 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     # start-up (imports, compiling the warm-up's queries, its first chunk): the JVM alone keeps
     # ~1.4 cores busy, so on 2 cores the rest overlaps
     partials = partials_switch()  # a bad value is refused before the JVM starts
+    levels = tuple(dict.fromkeys(config.lattice.parse(lv) for lv in levels))
+    if len(levels) > 1 and "spark.scheduler.mode" not in (spark_conf or {}):  # a trusted worker: a pool per level
+        spark_conf = {**(spark_conf or {}), "spark.scheduler.mode": "FAIR"}
     t0 = time.perf_counter()
     box: dict = {}
 
@@ -167,15 +181,16 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
             where = f" on {spark_master} (executors unknown: {e.__class__.__name__})"
     print(f"[strata] worker start-up: Spark session {t_session:.1f} s{where}, warm-up {warm['seconds']:.1f} s "
           f"({warm['steps']} chunks)", file=sys.stderr, flush=True)
-    core = WorkerCore(config, level, engine)
+    core = WorkerCore(config, level, engine, levels=levels)
     core.startup = {"session_seconds": round(t_session, 3), "warmup": warm}
     servicer = WorkerServicer(core, spec.key)
     creds, interceptors = None, ()
-    if tls_dir is not None:
-        creds = server_credentials(tls_dir, "worker", core.level)
-        interceptors = (PeerCheck(core.level, ("master",), refused=core.refused),)
+    if tls_dir is not None:  # a trusted worker: the certificate of each of its levels (the caller's by SNI)
+        creds = server_credentials(tls_dir, "worker", core.level, also=core.levels)
+        interceptors = (PeerCheck(core.level, ("master",), refused=core.refused, levels=core.levels),)
+    # a trusted worker: each level's master has its own slots here, so one level's calls never wait for a thread
     server, address = build_server(rpc.add_WorkerServicer_to_server, servicer, listen, credentials=creds,
-                                   max_workers=4, interceptors=interceptors)
+                                   max_workers=4 * len(core.levels), interceptors=interceptors)
     servicer.sid = address
 
     # a fresh Ed25519 identity signs this process's heartbeats; Info tells it to the master.

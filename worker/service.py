@@ -5,6 +5,10 @@ level, compiles the queries it is sent itself (at that level, so the front end's
 authorization runs again on the worker), refuses any chunk holding a tuple its
 level does not dominate, and counts what it saw per level.
 
+A trusted worker (``[cluster] mode = "trusted"``, docs/trusted.md) serves several
+levels: it does the same for each chunk at the chunk's own level (the level of
+the master pipeline that sent it), as a worker of that level alone would.
+
 A whole call is refused (:class:`WorkerRefused`, or ``ValueError`` for bytes
 that do not decode) only for what concerns the call: the master's or a
 query's level is not the worker's, a tuple is above the worker's level, or the
@@ -29,6 +33,7 @@ from strata.chunking.codec import decode_chunk, encode_result
 from strata.chunking.model import ChunkResult
 from strata.config import Config, StreamSchema, with_streams
 from strata.errors import one_line  # worker/server.py takes it from here
+from strata.groups import level_slug
 from strata.mlscql import CompiledQuery, QueryError, compile_query
 from strata.visibility import Visibility
 
@@ -54,14 +59,23 @@ class QuerySpecData:
 
 
 class WorkerCore:
-    def __init__(self, config: Config, level: str, engine, sharing: bool | None = None):
+    def __init__(self, config: Config, level: str, engine, sharing: bool | None = None, levels=()):
+        """``levels``: a trusted worker's levels (docs/trusted.md; ``level`` is their top, dominating
+        them all): it executes chunks of masters of any of them, each checked against its own level
+        as a worker of that level alone would; default ``level`` alone."""
         self.config = config
         self.level = config.lattice.parse(level)
+        self.levels = tuple(dict.fromkeys(config.lattice.parse(lv) for lv in levels)) or (self.level,)
+        below = [lv for lv in self.levels if not config.lattice.leq(lv, self.level)]
+        if below:
+            raise ValueError(f"a trusted worker of level {self.level} cannot serve {', '.join(below)}")
         self.engine = engine
         #: evaluates each shared plan of a chunk once (``[sharing] enabled``, default on)
         self.shared = SharedExecutor(engine, config, enabled=sharing)
         #: what this worker may see: a chunk's labels are canonical (its master's shepherd made them so)
         self.visibility = Visibility(self.config.lattice, self.level, canonical=True)
+        #: per served level (a trusted worker): a chunk of level L is checked as a worker of L would
+        self.visible = {lv: Visibility(self.config.lattice, lv, canonical=True) for lv in self.levels}
         self._compiled: dict[tuple[str, str], CompiledQuery] = {}
         self._lock = threading.Lock()
         self.counters: Counter = Counter()
@@ -102,16 +116,17 @@ class WorkerCore:
             self.epoch = epoch
 
     def execute(self, level: str, specs: list[QuerySpecData], chunk_bytes: bytes) -> list[bytes]:
-        if level != self.level:
+        if level not in self.levels:
             self.refused["wrong_level"] += 1
-            raise WorkerRefused(f"this worker serves level {self.level}, not {level}")
+            serves = f"level {self.level}" if len(self.levels) == 1 else f"levels {', '.join(self.levels)}"
+            raise WorkerRefused(f"this worker serves {serves}, not {level}")
         by_id = {}
         rejected: dict[str, str] = {}  # query id → why it does not compile here (its own failure)
         chunk = decode_chunk(chunk_bytes)
         for s in specs:
-            if s.level != self.level:
+            if s.level != level:  # a chunk's queries run at its master's level (each level its own chunks)
                 self.refused["wrong_level"] += 1
-                raise WorkerRefused(f"query {s.query_id} runs at {s.level}; this worker serves {self.level}")
+                raise WorkerRefused(f"query {s.query_id} runs at {s.level}; this worker serves {level}")
             try:
                 by_id[s.query_id] = self._compile(s, chunk.streams)
             except QueryError as e:
@@ -127,10 +142,12 @@ class WorkerCore:
                 counts = pc.value_counts(t.column("level"))
                 for entry in counts.to_pylist():
                     seen[entry["values"]] += entry["counts"]
-        labels = self.visibility.labels(seen)
+        labels = self.visible[level].labels(seen)
         if labels.hidden or labels.unknown or labels.nulls:
             self.refused["level_above_worker"] += 1
-            raise WorkerRefused(f"chunk holds tuples this worker's level {self.level} does not dominate")
+            raise WorkerRefused(f"chunk holds tuples this worker's level {level} does not dominate")
+        if len(self.levels) > 1:
+            self._pool(level)
         t0 = time.perf_counter()
         runnable = [qc for qc in chunk.queries if qc.query_id in by_id]
         done = {r.query_id: r for r in self.shared.run(by_id, runnable)} if runnable else {}
@@ -146,6 +163,14 @@ class WorkerCore:
             self.counters["chunks_done"] += 1
             self.counters["tuples"] += sum(seen.values())
         return out
+
+    def _pool(self, level: str) -> None:
+        """A trusted worker runs a level's Spark jobs in that level's scheduler pool (its session is
+        started with ``spark.scheduler.mode`` FAIR, worker/server.py): jobs of different levels share
+        the task slots instead of queueing in the order they were submitted (docs/trusted.md)."""
+        sc = getattr(getattr(self.engine, "spark", None), "sparkContext", None)
+        if sc is not None:
+            sc.setLocalProperty("spark.scheduler.pool", "level-" + level_slug(level))
 
     def stats(self) -> dict:
         with self._lock:
