@@ -61,14 +61,12 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from bench import userpath as U
-from bench.check import compare_avg, duckdb_avg_rows
-from bench.peers import RANGE10_QUERY, check_range10, duckdb_range10
-from bench.workloads import BF_LEVELS
+from bench.peers import RANGE10_QUERY
+from bench.scaling import Expected as Checker  # DuckDB's answer per (workload, size), as the scaling runs check
 
 QUERIES = {"range": RANGE10_QUERY, "rows": "SELECT AVG(bp) FROM Vitals [ROWS 100]"}
 LEVEL = "TS"
@@ -541,28 +539,6 @@ def run_once(cfg: Path, d: Path, csv: Path, query: str, tag: str, profile: Path 
 
 
 # ---- the protocol ---------------------------------------------------------------------------------------
-class Checker:
-    def __init__(self, tables: dict[int, pa.Table]):
-        self.tables = tables
-        self._cache: dict = {}
-
-    def check(self, workload: str, n: int, out_csv: Path) -> str:
-        t, key = self.tables[n], (workload, n)
-        got = pcsv.read_csv(out_csv)
-        if workload == "rows":
-            if key not in self._cache:
-                self._cache[key] = duckdb_avg_rows(t, "bp", 100, BF_LEVELS, BF_LEVELS)[0]
-            exp = self._cache[key]
-            compare_avg(pa.table({"ts": got.column(0).cast(pa.int64()), "level": got.column(1).cast(pa.string()),
-                                  "avg": got.column(2).cast(pa.float64())}), exp)
-            return f"DuckDB agrees on all {exp.num_rows} instants"
-        if key not in self._cache:
-            self._cache[key] = (duckdb_range10(t)[0], set(int(x) for x in np.unique(t.column("ts").to_numpy())))
-        exp, instants = self._cache[key]
-        groups = check_range10(exp, got, f"{workload} {n:,}", instants, levels=True)
-        return f"DuckDB agrees on all {len(instants)} instants ({groups:,} (instant, sid) groups, levels included)"
-
-
 def measure(tuples: int, small: int, runs: int, workloads: list[str], profile: Path | None) -> dict:
     d = Path(tempfile.mkdtemp(prefix="strata-cpu-budget-"))
     try:

@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from strata.client import Client
 from strata.config import load_config
 from strata.deploy.local import start_cluster, stop_cluster
+from strata.examples import BATTLEFIELD_TOML
 from strata.metrics import MetricsServer
 from strata.tls import cert_paths
 from strata.users import UserStore
@@ -59,16 +60,7 @@ BOARD = ROOT / "docs" / "grafana" / "strata.json"
 OUT = ROOT / "docs" / "dashboard.png"
 SCRIPT = "bench/dashboard_png.py"
 
-CONFIG = """
-[lattice]
-levels = ["U", "C", "S", "TS"]
-
-[streams.Vitals]
-sid = "string"
-bp = "double"
-pr = "double"
-weight = "double"
-
+CONFIG = BATTLEFIELD_TOML + """
 [streams.Counts]
 sid = "string"
 n = "long"

@@ -27,6 +27,11 @@ class CpuProfile:
         self.group = ROOT / f"strata-tests-{os.getpid()}"
         self.times: dict[str, float] = {}
         self._start = 0.0
+        for old in ROOT.glob("strata-tests-*"):  # groups of earlier runs whose processes are all gone
+            try:
+                old.rmdir()
+            except OSError:
+                pass
         self.group.mkdir(exist_ok=True)
         (self.group / "cgroup.procs").write_text(str(os.getpid()))
 
