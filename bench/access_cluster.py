@@ -59,7 +59,7 @@ import pyarrow.csv as pcsv
 
 from bench import workloads as W
 from bench.check import BenchCheckFailed
-from bench.userpath import PASSWORD, STRATA, _env, setup, up_cluster, worker_pids
+from bench.userpath import PASSWORD, STRATA, Subscriber, _env, setup, up_cluster, worker_pids
 from strata.api import connect
 from strata.config import parse_config
 from strata.deploy.local import renew_master
@@ -213,20 +213,8 @@ class Cluster:
         pids = [mpid] + worker_pids(self.state)
         sub = connect(master, USER, LEVEL, tls_dir=self.tls, password=PASSWORD)
         q = sub.register(query)
-        parts: list[pa.Table] = []
-        arrive: dict[int, float] = {}
-        err: list[BaseException] = []
-
-        def follow():
-            try:
-                for _qid, ts, table in sub.subscribe([q]):
-                    arrive[ts] = time.monotonic()
-                    parts.append(table)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                err.append(e)
-
-        th = threading.Thread(target=follow, daemon=True)
-        th.start()
+        follower = Subscriber(sub, q)
+        th, parts, arrive, err = follower.thread, follower.parts, follower.arrive, follower.errors
         cmd = ["ingest", "--user", USER, "--level", LEVEL, "--labelled", "--finish"]
         if pstreams:  # first: the advance closing the first instants rides on the group's last piece, which
             # --rate holds back by its predecessors' rows (0.75 s at 40,000/s when the 3 rows came last)

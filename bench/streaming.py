@@ -294,18 +294,8 @@ class StrataSide:
         sub = connect(master, "jane", LEVEL, tls_dir=self.tls, password=PASSWORD)
         ops = connect(master, "jane", LEVEL, tls_dir=self.tls, password=PASSWORD)
         q = sub.register(QUERIES[query][0])
-        arrive: dict[int, float] = {}
-        parts: list[pa.Table] = []
-        err: list[BaseException] = []
-
-        def follow():
-            try:
-                for _qid, ts, table in sub.subscribe([q]):
-                    arrive[ts] = time.time()
-                    parts.append(table)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                err.append(e)
-
+        follower = U.Subscriber(sub, q, clock=time.time)  # wall clock: the producer logs its closes in it
+        th, parts, arrive, err = follower.thread, follower.parts, follower.arrive, follower.errors
         samples: list[tuple[float, int, int, float]] = []
         stop = threading.Event()
 
@@ -319,8 +309,6 @@ class StrataSide:
                     pass
                 stop.wait(1.0)
 
-        th = threading.Thread(target=follow, daemon=True)
-        th.start()
         sm = threading.Thread(target=sample, daemon=True)
         sm.start()
         log = data_dir / f"producer_{query}_{rate}.json"

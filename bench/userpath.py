@@ -223,6 +223,27 @@ def up_cluster(cfg: Path, state: Path, level: str = LEVEL):
         subprocess.run(STRATA + ["down", "--state-dir", str(state)], env=_env(), capture_output=True)
 
 
+class Subscriber:
+    """One query's results followed by a thread through the Python API (``session.subscribe``): ``arrive``
+    (instant -> ``clock()`` when its rows came), ``parts`` (the tables, in order), ``errors`` (what ended
+    the stream early, if anything); ``thread`` ends with the query."""
+
+    def __init__(self, session, query_id: str, clock=time.monotonic):
+        self.arrive: dict[int, float] = {}
+        self.parts: list[pa.Table] = []
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._follow, args=(session, query_id, clock), daemon=True)
+        self.thread.start()
+
+    def _follow(self, session, query_id: str, clock) -> None:
+        try:
+            for _qid, ts, table in session.subscribe([query_id]):
+                self.arrive[ts] = clock()
+                self.parts.append(table)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            self.errors.append(e)
+
+
 def worker_pids(state: Path) -> list[int]:
     """The pids of the workers of the ``strata up`` cluster in ``state`` (their CPU is the run's too)."""
     return [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "worker"]

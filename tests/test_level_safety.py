@@ -75,11 +75,17 @@ def reply(r) -> dict:
             "error": r.error}
 
 
-def run_scenario(cl, with_ts: bool) -> tuple[dict, dict]:
-    """Everything the S sessions receive (``seen``), and when results arrived (``times``)."""
+def run_scenario(cl, with_ts: bool, load=None, worker_cpu: bool = False) -> tuple[dict, dict]:
+    """Everything the S sessions receive (``seen``), and when results arrived (``times``).
+
+    ``load(cl)``: other work started once the S sessions are in, running all along the scenario and
+    finished (``.finish(config)``) at its end (tests/test_trusted_e2e.py: a TS session's queries and input
+    on the same trusted master); ``worker_cpu``: the workers' CPU readings in the operators' status are
+    compared too (a trusted master shows every level 0; elsewhere they are volatile)."""
     renew_master(cl["state"], "S")  # an empty level on the same address
     p1, p2, ana, op = (login(cl, u) for u in ("p1", "p2", "ana", "op"))
     wait_for(lambda: len(op.status().workers) == 1, 30, "the worker to join the restarted master")
+    background = load(cl) if load is not None else None
     seen: dict = {}
     regs = ana.register(QUERIES)
     seen["register"] = [(r.query_id, r.rewritten, r.r2s, list(r.columns)) for r in regs]
@@ -129,7 +135,12 @@ def run_scenario(cl, with_ts: bool) -> tuple[dict, dict]:
         r = strata("status", "--json", "--config", str(cl["config"]), "--master", cl["master"], "--user", user,
                    "--tls-dir", cl["tls"], "--level", "S")
         assert r.returncode == 0, r.stderr
-        seen[f"status_{user}"] = stable(json.loads(r.stdout))
+        raw = json.loads(r.stdout)
+        if worker_cpu and "workers" in raw:
+            seen[f"cpu_{user}"] = [w["cpu"] for w in raw["workers"]]
+        seen[f"status_{user}"] = stable(raw)
+    if background is not None:
+        background.finish(load_config(cl["config"]))
     for c in (p1, p2, ana, op):
         c.close()
     times = {"dropped": dropped, "arrival": {q: arrived.get(q, closed) - closed for q in got}}

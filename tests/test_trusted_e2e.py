@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pyarrow as pa
 import pytest
 
 from strata.config import load_config
-from strata.deploy.local import renew_master, stop_cluster
+from strata.deploy.local import stop_cluster
 from strata.examples import BATTLEFIELD_TOML
 
-from .helpers import login, stable, strata, write_config
+from .helpers import login, strata, write_config
 from .polling import wait_for
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of
-from .test_level_safety import LATE_TS, MAXLONG, P1, QUERIES, attempt, reply, table
+from . import test_level_safety as safety
+from .test_level_safety import QUERIES
 
 pytestmark = pytest.mark.slow
 
@@ -120,67 +120,9 @@ class TsLoad:
 
 
 def run_scenario(cl, with_ts: bool) -> tuple[dict, dict]:
-    """Everything the S sessions receive (``seen``), and when results arrived (``times``)."""
-    renew_master(cl["state"], "S")  # the trusted master again, every level's state removed
-    p1, p2, ana, op = (login(cl, u) for u in ("p1", "p2", "ana", "op"))
-    wait_for(lambda: len(op.status().workers) == 1, 30, "the worker to join the restarted master")
-    load = TsLoad(cl) if with_ts else None
-    seen: dict = {}
-    regs = ana.register(QUERIES)
-    seen["register"] = [(r.query_id, r.rewritten, r.r2s, list(r.columns)) for r in regs]
-    seen["errors"] = {
-        "query_above_level": attempt(lambda: ana.register(["SELECT bp FROM Vitals [ROWS 2 level in {TS}]"])),
-        "query_unknown_stream": attempt(lambda: ana.register(["SELECT x FROM Nope"])),
-        "analyst_advance": attempt(lambda: ana.advance(upto_ts=3)),
-        "producer_register": attempt(lambda: p2.register(["SELECT bp FROM Vitals [NOW]"])),
-        "cancel_unknown": attempt(lambda: ana.cancel(["q99"])),
-    }
-    got = {r.query_id: [] for r in regs}
-    arrived: dict[str, float] = {}
-
-    def collect():
-        for qid, t in ana.subscribe([r.query_id for r in regs]):
-            if t is not None:
-                got[qid].extend(rows_of(t))
-                arrived[qid] = time.monotonic()
-
-    th = threading.Thread(target=collect, daemon=True)
-    th.start()
-    keep = (lambda rows: rows) if with_ts else (lambda rows: [r for r in rows if r[1] != "TS"])
-    p1_replies = []
-    for stream, rows in P1:
-        r = reply(p1.ingest([(stream, table(keep(rows)))], labelled=True))
-        r.pop("dropped_by_shepherd")  # told to this producer only (its own TS rows): tests/test_level_safety.py
-        p1_replies.append(r)
-    p2_seen = {"advance_9": attempt(lambda: p2.advance(upto_ts=9))}
-    r = reply(p1.ingest([(LATE_TS[0], table(keep(LATE_TS[1])))], labelled=True))
-    r.pop("dropped_by_shepherd")
-    p1_replies.append(r)
-    p2_seen["ingest"] = reply(p2.ingest([("Vitals", table([(10, "S"), (11, "S"), (12, "S")], labelled=False))]))
-    p2_seen["ingest_late"] = reply(p2.ingest([("Vitals", table([(9, "S")], labelled=False))]))
-    p2_seen["advance_far"] = attempt(lambda: p2.advance(upto_ts=500000))
-    p2_seen["advance_max"] = attempt(lambda: p2.advance(upto_ts=MAXLONG))
-    p2_seen["advance_12"] = attempt(lambda: p2.advance(upto_ts=12))
-    closed = time.monotonic()
-    seen["op_finish"] = attempt(lambda: op.advance(finish=True))
-    th.join(180)
-    assert not th.is_alive(), "the result streams did not end"
-    seen["p1"], seen["p2"] = p1_replies, p2_seen
-    seen["ended"] = dict(ana.ended)
-    seen["results"] = {q: sorted(rows, key=repr) for q, rows in got.items()}
-    for user in ("ana", "op", "p2"):
-        r = strata("status", "--json", "--config", str(cl["config"]), "--master", cl["master"], "--user", user,
-                   "--tls-dir", cl["tls"], "--level", "S")
-        assert r.returncode == 0, r.stderr
-        raw = json.loads(r.stdout)
-        if "workers" in raw:  # no CPU reading: it would mix the TS pipeline's load (master/trusted.py LevelView)
-            seen[f"cpu_{user}"] = [w["cpu"] for w in raw["workers"]]
-        seen[f"status_{user}"] = stable(raw)
-    if load is not None:
-        load.finish(load_config(cl["config"]))
-    for c in (p1, p2, ana, op):
-        c.close()
-    return seen, {q: arrived.get(q, closed) - closed for q in got}
+    """tests/test_level_safety.py's scenario on the trusted master (its renewal removes every level's state),
+    with a TS session's queries and input all along when ``with_ts``."""
+    return safety.run_scenario(cl, with_ts, load=TsLoad if with_ts else None, worker_cpu=True)
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +152,6 @@ def test_what_the_s_sessions_received(runs):
 
 
 def test_results_arrive_at_the_same_time_within_a_generous_tolerance(runs):
-    a, b = runs["with_ts"][1], runs["without"][1]
+    a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
     for q in b:
         assert abs(a[q] - b[q]) <= 5.0 + 1.0 * max(a[q], b[q]), (q, a[q], b[q])
