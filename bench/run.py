@@ -39,6 +39,13 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
 * ``access``   issue 34 (bench/access.py, bench/access_cluster.py; not in the default set, ~15-25 min): the
                cost of security punctuations and privacy switches on the master path, then end to end on a
                `strata up` cluster against the same plans without them; writes docs/benchmarks/access.md
+* ``trusted``  issue 33, dissertation Tables 9.13-9.15 (bench/trusted.py; not in the default set, ~15 min): the
+               same two-level workload (S and TS, four queries each) on `strata up` replicated (a master and a
+               worker per level), trusted (one master, two workers) and trusted with sharing off, same Spark
+               cores; plan generation vanilla vs MLS; writes docs/benchmarks/trusted.md
+* ``turns``    issue 33, dissertation Table 9.8 (bench/turns.py; not in the default set, ~10 min): one query at
+               each of U, C, S and TS on `strata up --mode trusted`, 40,000 U tuples/s in all, under the
+               trusted worker's round robin, fixed slot and no turns; writes docs/benchmarks/turns.md
 
 Every run's output is compared with the reference evaluator on sampled instants
 (and the target query's whole output with DuckDB); a mismatch stops the harness
@@ -95,6 +102,13 @@ QUICK.update(access_tuples=100_000, access_reps=3, access_fast_tuples=500_000, a
              access_rate=40_000, access_cluster_reps=3)
 FULL.update(access_tuples=400_000, access_reps=5, access_fast_tuples=2_000_000, access_paced_tuples=500_000,
             access_rate=40_000, access_cluster_reps=5)
+# trusted (bench/trusted.py): tuples per stream and run, rounds (each mode's cluster started once a round),
+# measured runs per cluster start, rounds of the in-process plan generation
+QUICK.update(trusted_tuples=100_000, trusted_rounds=1, trusted_runs=1, trusted_plan_rounds=50)
+FULL.update(trusted_tuples=500_000, trusted_rounds=3, trusted_runs=2, trusted_plan_rounds=200)
+# turns (bench/turns.py): U tuples per level and run, rounds, measured runs per cluster start
+QUICK.update(turns_tuples=40_000, turns_rounds=1, turns_runs=1)
+FULL.update(turns_tuples=100_000, turns_rounds=2, turns_runs=2)
 
 
 def machine() -> dict:
@@ -386,6 +400,29 @@ def sec_access(args, res: dict) -> None:
     res["access"] = {"master_path": m, "cluster": c, "file": "access.md"}
 
 
+def sec_trusted(args, res: dict) -> None:
+    """Replicated vs trusted vs trusted without sharing on `strata up` (bench/trusted.py); trusted.md."""
+    from bench import trusted
+
+    p = args.p
+    r = trusted.measure(p["trusted_tuples"], p["trusted_rounds"], p["trusted_runs"], p["trusted_plan_rounds"])
+    trusted.write_doc(trusted.render(r))
+    res["trusted"] = {"summary": r["summary"], "plan_generation": r["plan_generation"], "checks": len(r["checks"]),
+                      "started": r["started"], "finished": r["finished"], "load": [r["load_start"], r["load_end"]],
+                      "file": "trusted.md"}
+
+
+def sec_turns(args, res: dict) -> None:
+    """The trusted worker's turns: round robin vs fixed slot vs none, Table 9.8 (bench/turns.py); turns.md."""
+    from bench import turns
+
+    p = args.p
+    r = turns.measure(p["turns_tuples"], p["turns_rounds"], p["turns_runs"])
+    turns.write_doc(turns.render(r))
+    res["turns"] = {"summary": r["summary"], "checks": len(r["checks"]), "started": r["started"],
+                    "finished": r["finished"], "load": [r["load_start"], r["load_end"]], "file": "turns.md"}
+
+
 def sec_micro(args, res: dict) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "engine_micro.py"), "--reps", "3"]
     if args.quick:
@@ -398,7 +435,7 @@ def sec_micro(args, res: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Strata benchmark harness (docs/benchmarks/README.md)")
     ap.add_argument("--quick", action="store_true", help="small data, one repetition (minutes)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro", "access"], help="run only these sections")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro", "access", "trusted", "turns"], help="run only these sections")
     ap.add_argument("--insecure", action="store_true", help="clusters without mutual TLS")
     ap.add_argument("--cpu-reading", choices=["host", "process", "dedicated"], default="process",
                     help="Algorithm 5's load reading of the sections' own clusters (userpath always runs the "

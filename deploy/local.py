@@ -20,12 +20,12 @@ from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
 from strata.groups import group_spec, level_slug
 from strata.private import open_private_log, private_dir, write_private
 from strata.serving import free_udp_port, pid_alive, progress
-from strata.tls import create_deployment, has_material
+from strata.tls import SCRAPER, create_deployment, has_material, issue_scraper
 from strata.trusted import MODES, top_of
 
 from .slots import check_round, release, start_gate
 
-__all__ = ["start_cluster", "embedded_start", "stop_cluster", "restart_process", "renew_master",
+__all__ = ["start_cluster", "cluster_groups", "embedded_start", "stop_cluster", "restart_process", "renew_master",
            "workers_ready_after", "alive", "default_workers", "embedded_load_reading", "add_parsers"]
 
 
@@ -140,7 +140,8 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         private_dir(d)
     port = multicast_port or free_udp_port()
     levels = [cfg.lattice.parse(lv) for lv in levels]
-    check_round(cfg, len(levels))  # [cluster] scheduler's rounds too long for a stopped worker: refused now
+    if mode != "trusted":  # a trusted worker's turns stop no process (worker/turns.py): any round is fine
+        check_round(cfg, len(levels))  # [cluster] scheduler's rounds too long for a stopped worker: refused now
     for lv in levels:
         group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
     tls_path = Path(tls_dir) if tls_dir is not None else state_dir / "tls"
@@ -148,6 +149,10 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         missing = [lv for lv in levels if not all(has_material(tls_path, r, lv) for r in ("master", "worker", "client"))]
         if missing:
             create_deployment(tls_path, missing)
+        for lv in levels:  # a level whose workers serve /metrics: its scraper's certificate beside its clients'
+            if cfg.group(lv).worker_metrics_port is not None and not has_material(tls_path, SCRAPER, lv) \
+                    and (tls_path / "ca.key").exists():
+                issue_scraper(tls_path, lv)
     warm_file = None
     if warm_queries:
         warm_file = state_dir / "run" / "warm-queries.json"  # the user's query texts: this user only
@@ -156,7 +161,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
             f.write(json.dumps(list(warm_queries)))
     if standby and not persist:
         raise CliError("a standby master copies the active one's event log: it needs persist", EXIT_REJECTED)
-    groups = _groups(cfg, levels, mode, standby)  # (level, name slug, extra arguments): a group of processes each
+    groups = cluster_groups(cfg, levels, mode, standby)  # (level, name slug, extra arguments): a group of processes each
     procs = []
     deferred = []  # standbys: started once their level's master is ready (it is then the active one)
     base = [sys.executable, "-m", "strata"]
@@ -190,7 +195,10 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
                     s_cmd = [x if x != str(ready) else str(s_ready) for x in cmd[:cmd.index("--peers")]]
                     s_cmd[s_cmd.index("--listen") + 1] = standby_listen
                     s_cmd[s_cmd.index("--log-file") + 1] = str((state_dir / "logs" / f"{s_name}.log").resolve())
-                    s_cmd += ["--state-file", str((state_dir / f"master-{slug}-standby.sqlite").resolve()),
+                    # beside the active master's state: in the level's own data_dir when it has one
+                    data = cfg.group(lv).data_path(cfg.path)
+                    s_dir = private_dir(data, f'[groups."{lv}"] data_dir') if data is not None else state_dir
+                    s_cmd += ["--state-file", str((s_dir / f"master-{slug}-standby.sqlite").resolve()),
                               "--peers", ""]  # the master's address, once it is ready
                     deferred.append({"name": s_name, "role": "standby", "level": lv, "ready": str(s_ready),
                                      "cmd": s_cmd, "env": {}, "of": name})
@@ -274,8 +282,9 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         stop_cluster(state_dir)
         raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
     write_private(state_dir / "cluster.json", json.dumps(record, indent=2))
-    try:  # the host's slot gate ([cluster] scheduler not shared: deploy/slots.py), once the levels run
-        start_gate(state_dir, record, cfg.cluster.scheduler)
+    try:  # the host's slot gate ([cluster] scheduler not shared: deploy/slots.py), once the levels run;
+        # a trusted process serves every level: its workers take the turns inside (worker/turns.py)
+        start_gate(state_dir, record, "shared" if mode == "trusted" else cfg.cluster.scheduler)
     except CliError:
         stop_cluster(state_dir)
         raise
@@ -290,7 +299,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
     return out
 
 
-def _groups(cfg, levels: list[str], mode: str, standby: bool) -> list[tuple[str, str, list[str]]]:
+def cluster_groups(cfg, levels: list[str], mode: str, standby: bool) -> list[tuple[str, str, list[str]]]:
     """The groups of processes to start: (level, name slug, extra arguments of each process).  Replicated:
     one per level.  Trusted: one for all ``levels``, of their top, named ``trusted``."""
     if mode == "replicated":
@@ -303,10 +312,6 @@ def _groups(cfg, levels: list[str], mode: str, standby: bool) -> list[tuple[str,
                        f"its workers join the group of their top level)", EXIT_REJECTED)
     if standby:
         raise CliError("--mode trusted: a trusted master has no standbys yet (--standby)", EXIT_REJECTED)
-    if cfg.cluster.scheduler != "shared":
-        raise CliError(f"--mode trusted: [cluster] scheduler = \"{cfg.cluster.scheduler}\" schedules level groups' "
-                       f"processes; a trusted process serves every level (its own scheduler is not built yet: "
-                       f"docs/trusted.md)", EXIT_REJECTED)
     return [(top, "trusted", ["--trusted-levels", ",".join(levels)])]
 
 

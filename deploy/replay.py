@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from strata.cli_support import add_chunk_seconds, chunk_instants_of
+from strata.commands import parse_levels
 from strata.config import load_config
 from strata.errors import EXIT_FAILED, EXIT_LOGIN, EXIT_OK, EXIT_REJECTED, CliError
 from strata.inputs import check_inputs, drop_above, instant_batches, parse_inputs
@@ -21,8 +22,10 @@ from strata.mlscql import QueryError, compile_query, parse
 from strata.serving import progress
 from strata.session import client_call, client_tls, fmt_value, login, read_password, register_queries
 from strata.throttle import LOGIN_FAILED, MAX_PASSWORD, FileThrottle, LoginThrottle
+from strata.trusted import MODES
 from strata.users import AuthError, UserStore
 
+from .local import cluster_groups  # the groups `strata up --mode` starts, and its refusals
 from .local import default_workers, embedded_start, renew_master, start_cluster, stop_cluster, workers_ready_after
 
 __all__ = ["replay", "cmd_replay", "add_parsers"]
@@ -67,11 +70,16 @@ def _check_queries(cfg, queries: list[str], level: str | None, embedded: bool) -
 
 def replay(config_path: str, user: str, level: str | None, queries: list[str], inputs: list[str], output: str,
            workers: int = 2, chunk_seconds: float | None = None, master: str | None = None, tls_dir: str | None = None,
-           timings: dict | None = None, cluster: str | None = None) -> int:
+           timings: dict | None = None, cluster: str | None = None, mode: str | None = None,
+           levels: str | None = None) -> int:
     """Replay files through a cluster and write every result (``strata replay``).
 
-    Without ``master``: an embedded cluster of the login level is started for this run and
-    stopped after it.  The input is sent in instant order with the instants closed as they
+    Without ``master``: an embedded cluster is started for this run and stopped after it: in the
+    ``replicated`` mode a master and ``workers`` workers of the login level; in the ``trusted`` mode
+    (``mode``, default the configuration's ``[cluster] mode``; docs/trusted.md) one trusted master and
+    ``workers`` trusted workers serving the login level and every level of ``levels`` (comma-separated),
+    started as ``strata up --mode trusted`` starts them; the input goes through the login level's
+    address either way.  The input is sent in instant order with the instants closed as they
     complete, so workers compute while the rest is still being sent.  ``timings`` (optional)
     receives where the time went: ``start`` (cluster start-up, with ``first``/``all`` worker
     ready), ``read``, ``process`` (first tuple sent → last result), ``write``, ``stop`` (the
@@ -88,11 +96,24 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
         raise CliError("--cluster needs --level (the level group to replay into)", EXIT_REJECTED)
     if master is None and cluster is None:  # the embedded cluster's chunks: a whole number of instants
         chunk_instants_of(cfg, chunk_seconds)
+    elif mode is not None or levels:  # another cluster's architecture is its own
+        raise CliError("--mode and --levels are for the embedded cluster (not with --master or --cluster)",
+                       EXIT_REJECTED)
+    mode = mode or cfg.cluster.mode
+    if mode not in MODES:
+        raise CliError(f"--mode {mode}: must be {' or '.join(MODES)}", EXIT_REJECTED)
+    extra_levels = parse_levels(cfg, levels) if levels else []
+    if extra_levels and mode != "trusted":
+        raise CliError("--levels: the replicated mode's embedded cluster serves the login level only "
+                       "(--levels is for --mode trusted)", EXIT_REJECTED)
     password = None
     if master is None:  # the embedded or renewed master reads this users file: the credentials are checked
         password = read_password()  # here first, so a wrong password starts (or replaces) nothing
         principal = check_credentials(cfg, user, password, level)
         level = level or principal.level
+    cluster_levels = [level] + [lv for lv in dict.fromkeys(extra_levels) if lv != level]
+    if master is None and cluster is None:  # `strata up --mode`'s refusals (no top) before anything starts
+        cluster_groups(cfg, cluster_levels, mode, standby=False)
     check_inputs(cfg, inputs)  # a mistyped spec or path: said before anything starts
     _check_queries(cfg, queries, level, embedded=master is None and cluster is None)
     reader = InputReader(cfg, inputs, level)  # reads while the cluster starts
@@ -108,16 +129,18 @@ def replay(config_path: str, user: str, level: str | None, queries: list[str], i
     elif master is None:
         tmp = Path(tempfile.mkdtemp(prefix="strata-replay-"))
         how = embedded_start(workers)
-        progress(f"starting an embedded cluster at level {level} with {workers} workers"
+        what = (f"a trusted embedded cluster (one master) serving {', '.join(cluster_levels)}" if mode == "trusted"
+                else f"an embedded cluster at level {level}")
+        progress(f"starting {what} with {workers} workers"
                  + (" one after the other (few cores): the run begins when the first is ready, the others start "
                     "only if it lasts as long as that start-up" if how["lazy"] else
                     " one after the other (few cores); the run begins when the first is ready" if how["stagger"] else "")
                  + f" (user {user} has every role on it)")
         t1 = time.monotonic()
         try:
-            started = start_cluster(config_path, [level], workers, tmp, chunk_seconds, owner=user,
+            started = start_cluster(config_path, cluster_levels, workers, tmp, chunk_seconds, owner=user,
                                     tls_dir=tls_cache(), persist=False, warm_queries=queries, abort=reader.failure,
-                                    **how)
+                                    mode=mode, **how)
         except BaseException as e:
             if e is reader.failure():  # a bad input file: the cluster stopped, nothing of it to look at
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -291,7 +314,8 @@ def cmd_replay(args) -> int:
     timings = {} if args.timings else None
     try:
         return replay(args.config, args.user, args.level, args.query, args.input, args.output, args.workers,
-                      args.chunk_seconds, args.master, client_tls(args), timings=timings, cluster=args.cluster)
+                      args.chunk_seconds, args.master, client_tls(args), timings=timings, cluster=args.cluster,
+                      mode=args.mode, levels=args.levels)
     finally:
         if args.timings:
             Path(args.timings).write_text(json.dumps(timings))
@@ -317,6 +341,13 @@ def add_parsers(sub) -> None:
                    help="replay into the running `strata up` cluster of STATE_DIR: a fresh master of --level, its "
                         "workers already warm (the fast path for repeated runs; the user needs the analyst and "
                         "producer roles there)")
+    r.add_argument("--mode", choices=MODES, default=None,
+                   help="the embedded cluster's architecture: replicated (a master and --workers workers of the login "
+                        "level) or trusted (one master and --workers workers serving the login level and --levels, "
+                        "as `strata up --mode trusted`; docs/trusted.md); default [cluster] mode")
+    r.add_argument("--levels", metavar="LEVELS",
+                   help="with --mode trusted: the other levels the embedded trusted cluster serves (comma-separated; "
+                        "the login level is always served, a level dominating the others must be among them)")
     r.add_argument("--tls-dir", help="client certificate for --master (default: $STRATA_TLS_DIR)")
     r.add_argument("--timings", metavar="FILE", help="write where the time went (JSON; for benchmarks)")
     r.set_defaults(func=cmd_replay)

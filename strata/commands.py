@@ -25,7 +25,7 @@ from .errors import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_REJECTED, CliError
 from .inputs import batches_of, drop_above, instant_batches, parse_inputs, read_input
 from .serving import progress
 from .session import client_call, client_level, client_tls, fmt_value, login, master_of, read_password, register_queries
-from .tls import create_deployment
+from .tls import ROLES, SCRAPER, create_deployment
 
 #: what the module's users import from it: its commands, the level list of ``--levels``, and (for
 #: older callers) the session and input helpers that moved to strata.session and strata.inputs
@@ -60,7 +60,12 @@ def cmd_certs(args) -> int:
     cfg = config_of(args)
     levels = parse_levels(cfg, args.levels)
     hosts = [h.strip() for h in (args.hosts or "").split(",") if h.strip()]
-    written = create_deployment(Path(args.out), levels, hosts, roles=tuple(args.roles.split(",")))
+    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    unknown = [r for r in roles if r not in ROLES + (SCRAPER,)]
+    if unknown or not roles:  # refused before anything is written (no CA made for nothing)
+        raise CliError(f"--roles: unknown role {', '.join(unknown) or '(none given)'} (roles: "
+                       f"{', '.join(ROLES + (SCRAPER,))})", EXIT_REJECTED)
+    written = create_deployment(Path(args.out), levels, hosts, roles=roles)
     for f in written:
         print(f)
     progress(f"CA in {Path(args.out) / 'ca.pem'} (keep ca.key off the hosts); give each host only the "
@@ -403,7 +408,8 @@ def add_parsers(sub) -> None:
     ce.add_argument("--levels", required=True, help="comma-separated levels")
     ce.add_argument("--out", required=True, help="directory for ca.pem/ca.key and <role>-<level>.pem/.key")
     ce.add_argument("--hosts", help="extra DNS names/IP addresses for the certificates")
-    ce.add_argument("--roles", default="master,worker,client")
+    ce.add_argument("--roles", default="master,worker,client",
+                    help="comma-separated: master, worker, client, scraper (a level's workers' /metrics client)")
     ce.set_defaults(func=cmd_certs)
 
     def client(p, required: bool = True, keep_parent: bool = False):

@@ -301,7 +301,8 @@ class ClusterSettings:
     # how level groups sharing a host take turns (strata/scheduling.py, deploy/slots.py, docs/scheduling.md)
     scheduler: str = option("shared", "how the level groups of one host take turns: shared (the OS shares the "
                                       "CPUs), round_robin, fixed_slot, revised_fixed_slot or dynamic_threshold (a "
-                                      "gate, strata slots, stops and continues each level's processes)",
+                                      "gate, strata slots, stops and continues each level's processes; in "
+                                      "the trusted mode each worker makes the levels' calls take turns)",
                             one_of("shared", "round_robin", "fixed_slot", "revised_fixed_slot", "dynamic_threshold"))
     slot_seconds: float = option(0.25, "a level's slot (fixed_slot, revised_fixed_slot) or quantum (round_robin, "
                                        "dynamic_threshold) per round, in seconds",
@@ -342,6 +343,10 @@ class SharingSettings:
     enabled: bool = option(True, "workers evaluate the shared plans of a level's queries once per chunk", boolean())
     mode: str = option("replicated", "replicated: sharing within a level only (a cluster runs one level per "
                                      "master); trusted: also across levels", one_of("replicated", "trusted"))
+    across_levels: bool = option(True, "a trusted worker (serving several levels) lets a level's queries reuse "
+                                       "the outputs a lower level's chunks computed over the same instants "
+                                       "(docs/trusted.md, Cross-level operator reuse); false: each level "
+                                       "computes its own", boolean())
 
 
 def default_group_address(level: str) -> str:

@@ -36,9 +36,12 @@ from .private import private_dir
 
 __all__ = ["ROLES", "Identity", "TlsError", "create_deployment", "issue", "make_ca", "server_credentials",
            "secure_channel", "PeerCheck", "peer_identity", "read_identity", "find_client_level", "has_material",
-           "cert_paths"]
+           "cert_paths", "SCRAPER", "issue_scraper"]
 
 ROLES = ("master", "worker", "client")
+#: the role of a level's scraper certificate (``CN=scraper.<level>.strata``, client authentication only): the
+#: one certificate a level's workers' /metrics answer (worker/metrics.py); not a component's role
+SCRAPER = "scraper"
 DOMAIN = "strata"
 VALID_DAYS = 825
 
@@ -124,15 +127,15 @@ def issue(out: Path | str, role: str, level: str, hosts: list[str] = (), ca=None
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    if role not in ROLES:
-        raise TlsError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+    if role not in ROLES + (SCRAPER,):
+        raise TlsError(f"unknown role {role!r} (roles: {', '.join(ROLES + (SCRAPER,))})")
     ca_cert, ca_key = ca or make_ca(out)
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Strata"),
                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, level),
                          x509.NameAttribute(NameOID.COMMON_NAME, dns_name(role, level))])
     names: list[x509.GeneralName] = [x509.DNSName(dns_name(role, level))]
-    for h in hosts:
+    for h in (() if role == SCRAPER else hosts):  # a scraper is only ever a client
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
@@ -143,13 +146,23 @@ def issue(out: Path | str, role: str, level: str, hosts: list[str] = (), ca=None
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH] if role == SCRAPER else
+                                                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
             .sign(ca_key, hashes.SHA256()))
     cpath, kpath = cert_paths(out, role, level)
     _write_private(kpath, _key_pem(key))
     cpath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cpath, kpath
+
+
+def issue_scraper(tls_dir: Path | str, level: str) -> tuple[Path, Path]:
+    """Issue ``scraper-<level>.pem/.key`` in ``tls_dir`` with the CA there (``ca.pem`` and ``ca.key``: run
+    where the CA is kept, like ``strata certs``; a missing CA is refused, never made); ``level`` canonical."""
+    d = Path(tls_dir)
+    if not ((d / "ca.pem").exists() and (d / "ca.key").exists()):
+        raise TlsError(f"no CA in {d} (ca.pem and ca.key): issue scraper certificates where `strata certs` made it")
+    return issue(d, SCRAPER, level)
 
 
 def create_deployment(out: Path | str, levels: list[str], hosts: list[str] = (),

@@ -123,8 +123,8 @@ def pytest_addoption(parser):
 #: disturbs (started first, next to test_ray_hosts.py, it failed once: slot edges 40 ms late on average);
 #: its weight puts it after every cluster-heavy file has started but not at the very end (unlisted, it
 #: came late and the run waited for it); test_scheduling.py (a few seconds) stays unlisted.
-LONG_FILES = {"test_ray_hosts.py": 185, "test_cluster_e2e.py": 140, "test_deploy_spark.py": 115,
-              "test_exactly_once.py": 107, "test_relations.py": 100, "test_deploy_ssh.py": 93,
+LONG_FILES = {"test_ray_hosts.py": 185, "test_cluster_e2e.py": 123, "test_deploy_spark.py": 115,
+              "test_exactly_once.py": 90, "test_relations.py": 100, "test_deploy_ssh.py": 93,
               "test_setops.py": 92, "test_subqueries.py": 80,
               "test_query_errors.py": 76, "test_query_depth.py": 76, "test_trusted_e2e.py": 70, "test_spark_cluster.py": 65,
               "test_differential.py": 62, "test_shedding.py": 60, "test_roles.py": 55, "test_failures.py": 53,

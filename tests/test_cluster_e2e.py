@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -31,6 +32,24 @@ from .reference.evaluator import compare_results, evaluate
 pytestmark = pytest.mark.slow
 
 
+# ---- the module's shared clusters: stopped as soon as no later test of the module uses them ----------
+#: fixture name -> how to stop what it started (stopping twice is harmless: stop_cluster of a stopped one)
+_SHARED: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _stop_shared_clusters_no_later_test_uses(request):
+    """A module fixture's cluster would idle until the module's end (its JVMs' heartbeats and timers, beside
+    the embedded clusters of the tests after it); it is stopped before the first test after which no test of
+    this module (in run order: a file runs in one process, in order) names it."""
+    items = request.session.items
+    later = items[items.index(request.node):] if request.node in items else items
+    wanted = {name for it in later if getattr(it, "module", None) is request.module
+              for name in getattr(it, "fixturenames", ())}
+    for name in [n for n in _SHARED if n not in wanted]:
+        _SHARED.pop(name)()
+
+
 # ---- a running two-level cluster -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -42,7 +61,9 @@ def cluster(tmp_path_factory):
     masters = start_cluster(str(cfg), ["S", "TS"], 2, state,
                             worker_env={0: {"STRATA_CPU_OVERRIDE": "5"}, 1: {"STRATA_CPU_OVERRIDE": "95"}})
     record = json.loads((state / "cluster.json").read_text())
+    _SHARED["cluster"] = lambda: stop_cluster(state)
     yield {"config": cfg, "state": state, "masters": masters["masters"], "record": record, "tls": masters["tls_dir"]}
+    _SHARED.pop("cluster", None)
     stop_cluster(state)
 
 
@@ -276,15 +297,77 @@ bp = "double"
 """
 
 
-@pytest.mark.parametrize("workers, chunk", [(1, 2), (2, 2), (3, 1), (2, 1)])
-def test_replay_equals_reference(tmp_path, workers, chunk):
+class ReplayGroups:
+    """Warm clusters of the replay config for :func:`test_replay_equals_reference`: one per session level
+    (U: 2 workers, TS: 3), started on first use.  Each case takes a fresh master (``strata replay
+    --cluster``: a new input timeline, no queries) with its chunk length, on exactly as many running
+    workers as it names: extra ones are stopped (the cases come in an order that only ever stops one), a
+    stopped one is started again if a later case needs it."""
+
+    WORKERS = {"U": 2, "TS": 3}
+
+    def __init__(self, dir: Path):
+        self.dir, self.states = dir, {}
+        self.config = write_config(dir, REPLAY_TOML, {"ann": "TS"})
+
+    def state(self, level: str, workers: int, chunk: int) -> Path:
+        from strata.deploy.local import alive, restart_process
+        from strata.private import write_private
+
+        if level not in self.states:
+            # every worker from the start: all of them are in the group before the first case
+            start_cluster(str(self.config), [level], self.WORKERS[level], self.dir / level)
+            self.states[level] = self.dir / level
+        state = self.states[level]
+        procs = json.loads((state / "cluster.json").read_text())["processes"]
+        for p in procs:
+            if p["role"] != "worker":
+                continue
+            wanted = int(p["name"].rsplit("-", 1)[1]) < workers
+            if wanted and not alive(p["pid"]):
+                restart_process(state, p["name"])
+            elif not wanted and alive(p["pid"]):
+                os.killpg(p["pid"], signal.SIGTERM)
+                poll(lambda: not alive(p["pid"]), 30, 0.05)
+                assert not alive(p["pid"]), f"{p['name']} did not stop"
+        # the chunk length of the fresh master that `strata replay --cluster` starts (renew_master runs the
+        # recorded command again), as `strata up --chunk-seconds` would have started it
+        record = json.loads((state / "cluster.json").read_text())
+        cmd = next(p for p in record["processes"] if p["role"] == "master")["cmd"]
+        if "--chunk-seconds" in cmd:
+            cmd[cmd.index("--chunk-seconds") + 1] = repr(float(chunk))
+        else:
+            cmd += ["--chunk-seconds", repr(float(chunk))]
+        write_private(state / "cluster.json", json.dumps(record, indent=2))
+        return state
+
+    def stop(self) -> None:
+        for state in self.states.values():
+            stop_cluster(state)
+
+
+@pytest.fixture(scope="module")
+def replay_groups(tmp_path_factory):
+    groups = ReplayGroups(tmp_path_factory.mktemp("replay"))
+    _SHARED["replay_groups"] = groups.stop
+    yield groups
+    _SHARED.pop("replay_groups", None)
+    groups.stop()
+
+
+# in this order, each level's warm cluster only loses a worker: (2, 1) and (1, 2) at U, (3, 1) and (2, 2) at TS
+@pytest.mark.parametrize("workers, chunk", [(2, 1), (3, 1), (1, 2), (2, 2)])
+def test_replay_equals_reference(tmp_path, replay_groups, workers, chunk):
     """Tables 7.2 and 4.2 and random queries in one replay (separate streams, so
     each table starts from empty windows) with 1-3 workers and chunk lengths 1-2: every worker
-    count, both chunk lengths and both sessions (U and TS) twice, in four embedded clusters."""
-    cfg_path = write_config(tmp_path, REPLAY_TOML, {"ann": "TS"})
+    count, both chunk lengths and both sessions (U and TS) twice, on a warm cluster per session level
+    (``replay_groups``): a fresh master of that chunk length and exactly ``workers`` workers each time.
+    (The embedded clusters of ``strata replay``: the tests below.)"""
+    cfg_path = replay_groups.config
     cfg = load_config(cfg_path)
     vit, pos = _random_streams(seed=workers * 10 + chunk)
     level = "U" if (workers + chunk) % 2 else "TS"
+    state = replay_groups.state(level, workers, chunk)
     files = {
         "T72": (["ts", "level", "sid", "bp"], TABLE_7_2),
         "T42": (["ts", "level", "sid", "bp"], TABLE_4_2),
@@ -294,7 +377,7 @@ def test_replay_equals_reference(tmp_path, workers, chunk):
     queries = [("SELECT AVG(bp) FROM T72[ROWS 3]", ["double"]),
                ("SELECT AVG(bp) FROM T42[ROWS 3] WHERE level = U", ["double"])] + REPLAY_QUERIES
     args = ["replay", "--config", str(cfg_path), "--user", "ann", "--level", level, "--output", str(tmp_path / "out"),
-            "--workers", str(workers), "--chunk-seconds", str(chunk)]
+            "--cluster", str(state)]
     streams = {}
     for name, (header, rows) in files.items():
         path = tmp_path / f"{name}.csv"
@@ -303,9 +386,19 @@ def test_replay_equals_reference(tmp_path, workers, chunk):
         streams[name] = [dict(zip(header, r)) for r in rows]
     for q, _ in queries:
         args += ["--query", q]
-    # every worker from the start: on a small machine later ones would start only in a long run
-    r = strata(*args, env_extra={"STRATA_WORKERS_START": "together"})
+    r = strata(*args)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the master that ran: a fresh one, with this chunk length, whose group holds exactly `workers` workers
+    record = json.loads((state / "cluster.json").read_text())
+    master = next(p for p in record["processes"] if p["role"] == "master")
+    argv = Path(f"/proc/{master['pid']}/cmdline").read_bytes().decode().split("\0")
+    assert argv[argv.index("--chunk-seconds") + 1] == repr(float(chunk)), argv
+    with login({"masters": {level: master["address"]}, "tls": record["tls_dir"]}, "ann", level) as c:
+        def group():
+            sids = [w.sid for w in c.status().workers]
+            return sids if len(sids) == workers else None
+
+        assert poll(group), [w.sid for w in c.status().workers]
     for i, (q, types) in enumerate(queries, 1):
         got = read_out(tmp_path / "out" / f"q{i}.csv", types)
         compare_results(got, evaluate(q, cfg, level, streams))

@@ -289,8 +289,22 @@ def test_the_feed_resends_from_the_first_unacknowledged_batch():
 
 
 # ---- through real processes: kill -9 the master mid-ingest -------------------------------------
+@pytest.fixture(scope="module")
+def warm_ts(tmp_path_factory):
+    """One level-TS cluster (a master and one worker) that the kill -9 tests below take in turn: each gets a
+    fresh master (a new state file: no input, queries, sessions or producers' marks; the same address) on
+    the warm worker, then kills and restarts that master as before.  The test of ``strata up`` starts its own."""
+    from .conftest import BATTLEFIELD_TOML
+    from .helpers import WarmCluster
+
+    cluster = WarmCluster(tmp_path_factory.mktemp("warm-ts"), BATTLEFIELD_TOML, "TS", 1)
+    yield cluster
+    cluster.stop()
+
+
 def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int, kill_at: float,
-                                  extra_toml: str = "", checkpointed: bool = False, cli: bool = False):
+                                  extra_toml: str = "", checkpointed: bool = False, cli: bool = False,
+                                  warm=None):
     """``strata ingest --labelled --finish`` of ``data`` (a CSV) at ``rate`` tuples/s as a subprocess into
     a level-TS cluster following ``queries``; once the master accepted ``kill_at`` tuples it is killed
     with SIGKILL and restarted on its address.  The ingest must exit 0, without a traceback, with one
@@ -298,7 +312,10 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
     the order of ``queries``; the ingest's stderr; tuples the restarted master accepted).
     ``extra_toml``: appended to the battlefield config; ``checkpointed``: the kill also waits for the
     master's first checkpoint; ``cli``: the cluster started with ``strata up`` and the master restarted
-    with ``strata up --restart master:TS`` (else the functions behind them)."""
+    with ``strata up --restart master:TS`` (else the functions behind them); ``warm``: a ``warm_ts``
+    cluster to take a fresh master of (its config rewritten with ``extra_toml`` first: the fresh master
+    reads it) instead of starting a cluster; it keeps running after.  Also returns the lines of the
+    master's log from this run on (a warm cluster's log holds the earlier masters' lines before them)."""
     from strata.client import Client
     from strata.deploy.local import restart_process, start_cluster, stop_cluster
 
@@ -306,15 +323,23 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
     from .polling import wait_for
     from .helpers import PASSWORD, write_config
 
-    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + extra_toml, {"ann": "TS"})
-    state = tmp_path / "state"
-    if cli:
+    log_from = 0
+    if warm is not None:
+        warm.config.write_text(BATTLEFIELD_TOML + extra_toml)
+        cfg_path, state = warm.config, warm.state
+        log_from = (state / "logs" / "master-TS.log").stat().st_size  # this run's lines start here
+        started = warm.renew({"ann": "TS"})
+    elif cli:
+        cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + extra_toml, {"ann": "TS"})
+        state = tmp_path / "state"
         up = subprocess.run([sys.executable, "-m", "strata", "up", "--config", str(cfg_path), "--levels", "TS",
                              "--workers", "1", "--state-dir", str(state)], capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stderr
         started = json.loads(up.stdout)
         started["masters"] = {k: v for k, v in started["masters"].items()}
     else:
+        cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + extra_toml, {"ann": "TS"})
+        state = tmp_path / "state"
         started = start_cluster(str(cfg_path), ["TS"], 1, state)
     proc = None
     try:
@@ -375,16 +400,20 @@ def _ingest_through_a_master_kill(tmp_path, queries: list[str], data, rate: int,
         total = op.status().counters["accepted"]
         c.close()
         op.close()
-        return [got[r.query_id] for r in regs], err, total
+        with open(state / "logs" / f"{master['name']}.log", "rb") as f:
+            f.seek(log_from)
+            logged = f.read().decode(errors="replace").splitlines()
+        return [got[r.query_id] for r in regs], err, total, logged
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
-        stop_cluster(state)
+        if warm is None:
+            stop_cluster(state)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [1, 800, 1200], ids=["after-first-batch", "mid-stream", "before-last-batch"])
-def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
+def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at, warm_ts):
     """``strata ingest --finish`` of a CSV as a subprocess; the master is killed with SIGKILL once it
     accepted some tuples (after the first batch, half of the input, three quarters), restarted on
     its address; the ingest reports one line, resumes, and the query output equals the reference
@@ -403,7 +432,7 @@ def test_strata_ingest_survives_kill_9_of_the_master(tmp_path, kill_at):
         w.writeheader()
         w.writerows(rows)
     # kill_at accepted tuples: the first batch is in, half of them, three of the four batches
-    tables, err, total = _ingest_through_a_master_kill(tmp_path, queries, data, 400, kill_at)
+    tables, err, total, _ = _ingest_through_a_master_kill(tmp_path, queries, data, 400, kill_at, warm=warm_ts)
     lost = [ln for ln in err.splitlines() if "connection to master lost" in ln]
     assert len(lost) == 1 and "resuming from batch " in lost[0], err
     assert "sent 1600/1600 tuples in 4 batches: accepted 1600, dropped above level TS 0, rejected batches 0" in err
@@ -431,7 +460,7 @@ def test_strata_up_restart_brings_back_a_killed_master_and_the_ingest_resumes(tm
         w = csv.DictWriter(f, ["ts", "level", "sid", "bp", "pr", "weight"])
         w.writeheader()
         w.writerows(rows)
-    (got,), err, total = _ingest_through_a_master_kill(tmp_path, queries, data, 400, 800, cli=True)
+    (got,), err, total, _ = _ingest_through_a_master_kill(tmp_path, queries, data, 400, 800, cli=True)
     assert "sent 1600/1600 tuples in 4 batches: accepted 1600" in err, err
     compare_results([r for t in got for r in rows_of(t)],
                     evaluate(queries[0], parse_config(BATTLEFIELD_TOML), "TS", {"Vitals": rows}))
@@ -463,7 +492,7 @@ def test_strata_up_restart_refuses_what_it_cannot_restart(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_fraction", [0.1, 0.5, 0.9], ids=["10pc", "50pc", "90pc"])
-def test_a_million_tuple_ingest_survives_kill_9_of_the_master(tmp_path, kill_fraction):
+def test_a_million_tuple_ingest_survives_kill_9_of_the_master(tmp_path, kill_fraction, warm_ts):
     """The same at the issue's scale: ``strata ingest --labelled --finish`` of 1,000,000 battlefield tuples
     (20,000 per instant, four levels) into a level-TS master killed with SIGKILL once a tenth, half or
     nine tenths were accepted, restarted; the ingest resumes and every instant's COUNT over a RANGE
@@ -485,13 +514,12 @@ def test_a_million_tuple_ingest_survives_kill_9_of_the_master(tmp_path, kill_fra
     # it did: the restart loads the last checkpoint and replays only the log after it (issue 14, item 4);
     # at a tenth it replays its whole log.  The ingest is paced so that a checkpoint can come mid-stream.
     checkpointed = kill_fraction > 0.1
-    (tables,), err, total = _ingest_through_a_master_kill(
+    (tables,), err, total, logged = _ingest_through_a_master_kill(
         tmp_path, ["SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"], data, 100_000 if checkpointed else 200_000,
         kill_fraction * n, extra_toml="\n[limits]\ncheckpoint_rows = 50000\n" if checkpointed else "",
-        checkpointed=checkpointed)
+        checkpointed=checkpointed, warm=warm_ts)
     assert f"sent {n}/{n} tuples" in err, err
-    restored = [ln for p in (tmp_path / "state" / "logs").glob("master*.log")
-                for ln in p.read_text(errors="replace").splitlines() if "restored from" in ln]
+    restored = [ln for ln in logged if "restored from" in ln]  # this test's master: its start and its restart
     assert len(restored) == 1 and ("'checkpoint': " in restored[0]) == checkpointed, restored
     if checkpointed:  # the restart replayed only the batches after the checkpoint, not all logged before the kill
         import ast

@@ -98,10 +98,19 @@ def timed(fn):
     return out, time.monotonic() - t0
 
 
+def at_once(dt: float, idle: float) -> bool:
+    """Whether a call took no longer than "at once": 1 s, or 5x the same call on the idle master just before
+    (a login is an argon2 hash: on a loaded 2-core machine it alone can take most of a second)."""
+    return dt < max(1.0, 5 * idle)
+
+
 def test_one_user_cannot_hold_the_master(tmp_path, battlefield):
     limits = StreamLimits(per_session=8, per_user=10)
     with master(tmp_path, battlefield, {"ann": "analyst", "olga": "analyst,operator"}, limits) as (server, core, sv):
         limits._count = core.count_rejected
+        first, idle_login = timed(lambda: login(server.address, "olga"))  # the same calls on the idle master
+        _, idle_status = timed(first.status)
+        first.close()
         ann = login(server.address, "ann")
         qid = ann.register([QUERY])[0].query_id
         md = (("authorization", f"Bearer {ann.token}"),)
@@ -115,11 +124,11 @@ def test_one_user_cannot_hold_the_master(tmp_path, battlefield):
         details = e.value.details()
         assert "\n" not in details and "max_streams_per_session" in details and "limit 8" in details
 
-        # another user is served at once: Login and Status within 1 s
+        # another user is served at once: Login and Status as on the idle master
         olga, dt = timed(lambda: login(server.address, "olga"))
-        assert dt < 1.0, dt
+        assert at_once(dt, idle_login), (dt, idle_login)
         st, dt = timed(olga.status)
-        assert dt < 1.0, dt
+        assert at_once(dt, idle_status), (dt, idle_status)
         assert st.rejected["too_many_streams"] == 1
 
         # the same user's second session: the per-user limit (10) stops it after 2 more

@@ -593,7 +593,8 @@ def test_strata_up_standby_takes_over_a_killed_master_and_the_old_one_cannot_wri
     from .tables import mixed_vitals, rows_of
 
     queries = ["SELECT sid, AVG(bp) FROM Vitals [ROWS 5] GROUP BY sid", "SELECT COUNT(*) FROM Vitals [RANGE 3 seconds]"]
-    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
+    # the level's own disk: the active master's and the standby's state files both go there
+    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML + '\n[groups."TS"]\ndata_dir = "disk-ts"\n', {"ann": "TS"})
     rows = mixed_vitals(1, 401, 4)  # 1600 tuples at 400 tuples/s: 4 batches of 100 instants, one a second
     data = tmp_path / "vitals.csv"
     with open(data, "w", newline="") as f:
@@ -621,6 +622,9 @@ def test_strata_up_standby_takes_over_a_killed_master_and_the_old_one_cannot_wri
         op = Client(f"{a},{b}", tls_dir=tls, level="TS")
         op.login("ann", PASSWORD, "TS")
         wait_for(lambda: op.status().counters.get("standbys_in_sync") == 1, 60, "the standby in sync")
+        assert sorted(f.name for f in (tmp_path / "disk-ts").glob("*.sqlite")) == ["master-TS-standby.sqlite",
+                                                                                 "master-TS.sqlite"]
+        assert not list(state.glob("*.sqlite"))
         query = subprocess.Popen([sys.executable, "-m", "strata", "query", *client_args, "--master", f"{a},{b}",
                                   "--format", "json", *[x for q in queries for x in ("--query", q)]],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -69,3 +69,20 @@ def test_cli_certs_and_servers_refuse_to_start_without_certificates(tmp_path):
         assert "no TLS certificate" in r.stderr and "strata certs" in r.stderr
     r = _strata("certs", "--config", str(cfg2), "--levels", "Q", "--out", str(tmp_path / "x"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def test_cli_certs_roles_scraper_and_a_bad_role(tmp_path):
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(BATTLEFIELD_TOML)
+    r = _strata("certs", "--config", str(cfg), "--levels", "S", "--out", str(tmp_path / "bad"), "--roles", "client,bogus")
+    assert r.returncode == 2 and "unknown role bogus" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad").exists()  # nothing written, not even a CA
+    r = _strata("certs", "--config", str(cfg), "--levels", "S", "--out", str(tmp_path / "pki"), "--roles", "scraper",
+                "--hosts", "node1.example")
+    assert r.returncode == 0, r.stderr
+    cert = x509.load_pem_x509_certificate((tmp_path / "pki" / "scraper-S.pem").read_bytes())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "scraper.s.strata"
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert [u._name for u in eku] == ["clientAuth"]  # a scraper is only ever a client: no server use, no hosts
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["scraper.s.strata"]

@@ -284,10 +284,6 @@ def test_each_level_sees_the_workers_without_their_cpu_and_only_the_top_proves_a
 
 
 def test_the_cluster_refuses_what_a_trusted_group_cannot_do(tmp_path):
-    text = BATTLEFIELD_TOML + '\n[cluster]\nscheduler = "fixed_slot"\n'
-    cfg = write_config(tmp_path, text, {})
-    with pytest.raises(CliError, match="its own scheduler is not built yet"):
-        start_cluster(str(cfg), ["S", "TS"], 1, tmp_path / "state", mode="trusted")
     cfg = write_config(tmp_path, BATTLEFIELD_TOML, {})
     with pytest.raises(CliError, match="no standbys yet"):
         start_cluster(str(cfg), ["S", "TS"], 1, tmp_path / "state2", mode="trusted", standby=True)

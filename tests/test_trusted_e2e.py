@@ -47,7 +47,8 @@ LEVELS = ("U", "C", "S", "TS")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("trusted")
-    cfg = write_config(d, BATTLEFIELD_TOML, USERS)
+    # the levels take turns in the trusted worker (worker/turns.py): S's slots are S's whatever TS does
+    cfg = write_config(d, BATTLEFIELD_TOML + '\n[cluster]\nscheduler = "fixed_slot"\n', USERS)
     state = d / "state"
     r = strata("up", "--config", str(cfg), "--levels", "S,TS", "--workers", "1", "--state-dir", str(state),
                "--mode", "trusted", timeout=240)
@@ -66,6 +67,9 @@ def test_one_master_and_one_worker_serve_both_levels(cluster):
     assert sorted((p["role"], p["name"]) for p in procs) == [("master", "master-trusted"), ("worker", "worker-trusted-0")]
     assert cluster["masters"]["S"] == cluster["masters"]["TS"]
     assert all(p["level"] == "TS" and p["serves"] == ["S", "TS"] for p in procs)
+    log = (cluster["state"] / "logs" / "worker-trusted-0.log").read_text()
+    assert "levels S, TS take turns: fixed_slot, 0.25 s slots" in log
+    assert not (cluster["state"] / "run" / "slots.json").exists()  # no host gate: the worker schedules inside
 
 
 def ts_batch(i: int) -> pa.Table:

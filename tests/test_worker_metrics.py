@@ -299,8 +299,9 @@ def metered(tmp_path_factory):
                           BATTLEFIELD_TOML + '\n[groups."S"]\nworker_metrics_port = 0\n', "S", 1)
     try:
         tls = cluster.state / "tls"
-        for lv in ("S", "TS"):
-            issue_scraper(tls, lv)
+        # strata up issued S's scraper certificate (S's workers serve /metrics); TS's for the refusals below
+        assert (tls / "scraper-S.pem").exists() and (tls / "scraper-S.key").exists()
+        issue_scraper(tls, "TS")
         yield cluster
     finally:
         cluster.stop()

@@ -55,13 +55,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from strata.errors import EXIT_OK, EXIT_REJECTED, CliError
-from strata.tls import TlsError, cert_paths, dns_name
+from strata.tls import SCRAPER, TlsError, cert_paths, dns_name, issue_scraper
 
 __all__ = ["SCRAPER", "BOUNDS", "STAGES", "WorkerMetrics", "MetricsEndpoint", "scraper_level", "issue_scraper",
            "metrics_host", "metrics_file", "endpoint_of", "on_ready", "scrape", "add_parsers", "CONTENT_TYPE"]
 
-#: the role a scraper certificate names (``CN=scraper.<level>.strata``); not a component's role
-SCRAPER = "scraper"
 #: the histograms' upper bounds in seconds (the master's chunk histograms', master/timings.py)
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: the stages of ``strata_worker_chunk_seconds``
@@ -261,44 +259,6 @@ def scraper_level(pem: bytes) -> str | None:
         return None
     level = str(ou[0].value)
     return level if str(cn[0].value) == dns_name(SCRAPER, level) else None
-
-
-def issue_scraper(tls_dir: Path | str, level: str) -> tuple[Path, Path]:
-    """Issue ``scraper-<level>.pem/.key`` in ``tls_dir`` with the CA there (``ca.pem`` and ``ca.key``:
-    run where the CA is kept, like ``strata certs``); ``level`` canonical.  Client authentication only."""
-    import datetime as dt  # deferred: the CLI loads cryptography only for this command
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    d = Path(tls_dir)
-    ca_pem, ca_key = d / "ca.pem", d / "ca.key"
-    if not (ca_pem.exists() and ca_key.exists()):
-        raise TlsError(f"no CA in {d} (ca.pem and ca.key): issue scraper certificates where `strata certs` made it")
-    ca_cert = x509.load_pem_x509_certificate(ca_pem.read_bytes())
-    ca = serialization.load_pem_private_key(ca_key.read_bytes(), None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Strata"),
-                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, level),
-                         x509.NameAttribute(NameOID.COMMON_NAME, dns_name(SCRAPER, level))])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=825))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca, hashes.SHA256()))
-    cpath, kpath = cert_paths(d, SCRAPER, level)
-    tmp = kpath.with_suffix(".key.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
-    tmp.replace(kpath)
-    cpath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return cpath, kpath
 
 
 # ---- the endpoint ------------------------------------------------------------------------------------

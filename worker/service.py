@@ -59,7 +59,8 @@ class QuerySpecData:
 
 
 class WorkerCore:
-    def __init__(self, config: Config, level: str, engine, sharing: bool | None = None, levels=()):
+    def __init__(self, config: Config, level: str, engine, sharing: bool | None = None, levels=(),
+                 across_levels: bool | None = None):
         """``levels``: a trusted worker's levels (docs/trusted.md; ``level`` is their top, dominating
         them all): it executes chunks of masters of any of them, each checked against its own level
         as a worker of that level alone would; default ``level`` alone."""
@@ -71,7 +72,7 @@ class WorkerCore:
             raise ValueError(f"a trusted worker of level {self.level} cannot serve {', '.join(below)}")
         self.engine = engine
         #: evaluates each shared plan of a chunk once (``[sharing] enabled``, default on)
-        self.shared = SharedExecutor(engine, config, enabled=sharing)
+        self.shared = SharedExecutor(engine, config, enabled=sharing, levels=self.levels, across_levels=across_levels)
         #: what this worker may see: a chunk's labels are canonical (its master's shepherd made them so)
         self.visibility = Visibility(self.config.lattice, self.level, canonical=True)
         #: per served level (a trusted worker): a chunk of level L is checked as a worker of L would
@@ -83,6 +84,9 @@ class WorkerCore:
         self.refused: Counter = Counter()
         self.busy_seconds = 0.0
         self.epoch = 0  # the highest master epoch seen in a signed Execute (0: none; masters without standbys)
+        #: a trusted worker's scheduler (worker/turns.py, ``[cluster] scheduler``): when each level's calls
+        #: run; None: no gate (a worker of one level, or ``shared``: the levels' calls run concurrently)
+        self.turns = None
 
     def _config_for(self, streams: tuple):
         """This worker's configuration plus the streams a chunk says were added at run time (the
@@ -120,6 +124,12 @@ class WorkerCore:
             self.refused["wrong_level"] += 1
             serves = f"level {self.level}" if len(self.levels) == 1 else f"levels {', '.join(self.levels)}"
             raise WorkerRefused(f"this worker serves {serves}, not {level}")
+        if self.turns is None:
+            return self._execute(level, specs, chunk_bytes)
+        with self.turns.turn(level):  # a trusted worker's scheduler: the level's call runs in its turn
+            return self._execute(level, specs, chunk_bytes)
+
+    def _execute(self, level: str, specs: list[QuerySpecData], chunk_bytes: bytes) -> list[bytes]:
         by_id = {}
         rejected: dict[str, str] = {}  # query id → why it does not compile here (its own failure)
         chunk = decode_chunk(chunk_bytes)

@@ -21,6 +21,10 @@ level sets (the shared windows *are* its windows) and labelled with the lub of
 the tuples each row derives from.  ``enabled=False`` evaluates every query on
 its own (the comparison baseline).
 
+In a trusted worker (several levels) a level's queries first look for a lower level's output over the
+same instants and input (worker/cross_level.py, ``[sharing] across_levels``); what they find is their
+result, the rest is evaluated as above, and a level's results are stored for the levels above it.
+
 Failures stay with the failing query.  A merged run that raises or reports a
 failure (an overflow in any member's expressions fails the merged relation)
 is discarded and its members are evaluated one by one; a complete group whose
@@ -48,6 +52,7 @@ from strata.sharing import sharing_enabled
 from strata.sharing.execution import MergedPlan, plan_groups
 
 from .assemble import is_infrastructure_error, result_schema
+from .cross_level import CrossLevelCache, Residual
 
 __all__ = ["SharedExecutor"]
 
@@ -71,10 +76,19 @@ def _is_suffix(small: pa.Table, big: pa.Table) -> bool:
 class SharedExecutor:
     """Evaluates a chunk's queries, sharing what can be shared (see module doc)."""
 
-    def __init__(self, engine, config=None, enabled: bool | None = None):
+    def __init__(self, engine, config=None, enabled: bool | None = None, levels=(), across_levels: bool | None = None):
+        """``levels``: the levels a trusted worker serves; with two or more and ``across_levels``
+        (default ``[sharing] across_levels``) a level's queries may reuse a lower level's outputs
+        (worker/cross_level.py)."""
         self.engine = engine
         self.config = config if config is not None else engine.config
         self.enabled = sharing_enabled(self.config) if enabled is None else bool(enabled)
+        levels = tuple(levels)
+        if across_levels is None:
+            across_levels = self.config.sharing.across_levels if len(levels) > 1 else False
+        across = len(levels) > 1 and bool(across_levels)
+        #: lower levels' outputs a higher level's chunks may reuse (None: not a trusted worker, or off)
+        self.cross = CrossLevelCache(self.config.lattice, levels, self.config.instant_seconds) if across else None
         self._plans: dict[tuple, tuple[dict, list[MergedPlan]]] = {}
         self._lock = threading.Lock()
         self.counters: Counter = Counter()
@@ -99,7 +113,18 @@ class SharedExecutor:
         """Results for ``chunks`` (one QueryChunk per query, any order), in the same order."""
         by_id = {qc.query_id: qc for qc in chunks}
         results: dict[str, ChunkResult] = {}
-        if self.enabled and len(chunks) > 1:
+        level = _level_of(compiled, chunks) if self.cross is not None else None
+        pending: dict[str, Residual] = {}  # split reuses whose N'' is evaluated with the chunk's other queries
+        if level is not None:  # a lower level's outputs first (a miss: evaluated below, never waited for)
+            for qc in chunks:
+                got = self.cross.lookup(level, compiled[qc.query_id], qc)
+                if isinstance(got, Residual):
+                    pending[qc.query_id] = got
+                elif got is not None:
+                    results[qc.query_id] = got
+            reused = set(results) | set(pending)
+            by_id = {qid: qc for qid, qc in by_id.items() if qid not in pending}
+        if self.enabled and len(by_id) > 1:
             present = {qid: compiled[qid] for qid in by_id}
             try:
                 plans = self.plans(present)
@@ -115,16 +140,36 @@ class SharedExecutor:
             for plan in [p for p in plans if p.form == "complete"]:
                 self._fan_out_late(plan, compiled, by_id, results)
         # the rest: each query's own statement, all of them evaluated as one Spark statement
-        rest = [qc for qc in chunks if qc.query_id not in results]
-        if rest:
+        rest = [qc for qc in chunks if qc.query_id not in results and qc.query_id not in pending]
+        if rest or pending:
             many = getattr(self.engine, "run_many", None)
             pairs = [(compiled[qc.query_id], qc) for qc in rest]
+            pairs += [(compiled[qid], p.chunk) for qid, p in pending.items()]  # N'' of each split reuse
             outs = many(pairs) if many is not None else [self.engine.run(cq, qc) for cq, qc in pairs]
             for qc, r in zip(rest, outs):
                 results[qc.query_id] = r
             self.counters["engine_runs"] += len(rest)
+            for (qid, p), r in zip(pending.items(), outs[len(rest):]):
+                try:
+                    got = self.cross.combine(p, r)
+                except Exception as exc:  # noqa: BLE001 - never worse than computing it
+                    if is_infrastructure_error(exc):
+                        raise
+                    got = None
+                if got is None:  # N'' failed: the query on its own, as without reuse
+                    got = self.engine.run(compiled[qid], _own(chunks, qid))
+                    self.counters["engine_runs"] += 1
+                results[qid] = got
         self.counters["query_chunks"] += len(chunks)
+        if level is not None and self.cross.stores(level):  # for the levels above (a fixed rule: always)
+            for qc in chunks:
+                if qc.query_id not in reused:
+                    self.cross.store(level, compiled[qc.query_id], qc, results[qc.query_id])
         return [results[qc.query_id] for qc in chunks]
+
+    def cross_level_stats(self, level: str) -> dict:
+        """``level``'s own cross-level reuse counters ({} when reuse is off): never another level's."""
+        return {} if self.cross is None else self.cross.stats(level)
 
     # complete sharing -----------------------------------------------------------------------
     @staticmethod
@@ -212,6 +257,16 @@ class SharedExecutor:
             results[s.query_id] = ChunkResult(s.query_id, base.chunk_id, out, stats=stats)
             done.add(s.query_id)
             self.counters["shared_merged"] += 1
+
+
+def _own(chunks: list[QueryChunk], qid: str) -> QueryChunk:
+    return next(qc for qc in chunks if qc.query_id == qid)
+
+
+def _level_of(compiled: dict[str, CompiledQuery], chunks: list[QueryChunk]) -> str | None:
+    """The level of a chunk's queries (a worker runs a chunk's queries at its master's level)."""
+    levels = {compiled[qc.query_id].level for qc in chunks}
+    return levels.pop() if len(levels) == 1 else None
 
 
 def _retarget(src: ChunkResult, qid: str, cq: CompiledQuery) -> ChunkResult:

@@ -1,0 +1,245 @@
+"""Turns: the trusted worker's scheduler of the levels it serves (issue 33; dissertation §5.4, §6.4, §9.1.5).
+
+A trusted worker (docs/trusted.md) executes the chunks of every level it serves in one process and
+one Spark session.  Without a scheduler (``[cluster] scheduler = "shared"``) the levels' calls run
+concurrently: a higher level's heavy chunk slows a lower level's chunk running beside it, so *when* a
+lower level's results come out depends on the higher level's load, a timing channel.  This module
+makes the levels take turns inside the process, by the plans of :mod:`strata.scheduling` (the same
+policies the host gate, ``strata slots``, applies to whole processes in the replicated mode):
+
+* a round is a :class:`~strata.scheduling.Plan` made at its start from each level's own reading of
+  the last round (:class:`~strata.scheduling.Reading`: the seconds its calls ran, whether a call of it
+  waited or ran), by :meth:`~strata.scheduling.Scheduler.next_round`; its slots follow one another on
+  the monotonic clock, whatever the calls do;
+* a call of level *L* (:meth:`Turns.turn`, around the whole of ``WorkerCore.execute``: decoding,
+  Spark jobs, encoding) starts only while *L* runs in the current slot, and only if it is likely to
+  end before its **deadline**: the start of the next slot in which a level runs that does not
+  dominate *L* (or the round's end; none for the bottom level, which every level dominates).  A call may thus run on into the slots of levels that dominate
+  its own (they may depend on *L* anyway), never on purpose into a lower or incomparable level's.
+  "Likely": the time left is at least :data:`ESTIMATE_MARGIN` x *L*'s own estimate, the longest of
+  its last :data:`ESTIMATE_CALLS` calls; a call expected to be longer than that whole stretch starts
+  only in the first :data:`OVERLONG_START` of its slot;
+* calls are never pre-empted (a Spark job cannot be stopped and resumed): a call that outlives its
+  deadline *overruns* it, and the next slot starts on time anyway, beside it.  Overruns are counted and
+  timed per level (:meth:`Turns.stats`: a level's own figures only).
+
+**What a lower level's timing can depend on** is then what :mod:`strata.scheduling` says of each
+policy (``fixed_slot``: the clock only; ``revised_fixed_slot``: its own work and the levels it
+dominates; ``round_robin``: whether higher levels have work, the channel left open by design;
+``dynamic_threshold``: narrowed), plus the overruns of the calls of the level whose slot came before
+(bounded by the estimates: a level's call starts only if its own past says it fits), plus what the
+levels still share inside the process (the interpreter's lock while a call's Python runs, memory, the
+JVM's garbage collector).  tests/test_turns.py measures it: with a real Spark session, a lower level's
+waits for its turn with and without a higher level's load under each policy.
+
+The module is plain logic over a clock and a condition variable: no Spark, no gRPC.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+from strata.scheduling import Reading, Scheduler, linear_levels
+
+__all__ = ["Turns", "ESTIMATE_CALLS", "ESTIMATE_MARGIN", "OVERLONG_START", "make_turns"]
+
+#: a level's estimate of its next call: the longest of its last this many calls
+ESTIMATE_CALLS = 8
+#: a call starts only if its deadline is at least this many times its level's estimate away
+ESTIMATE_MARGIN = 1.25
+#: a call expected to outlast all the time to its deadline starts only in this first share of its slot
+OVERLONG_START = 0.1
+
+
+@dataclass
+class _Current:
+    runs: tuple[str, ...] = ()
+    start: float = 0.0
+    end: float = 0.0
+    #: the round's slots after this one: (from, to, levels running)
+    after: tuple = ()
+    round_end: float = 0.0
+
+
+class Turns:
+    """When each level's calls may run in one trusted worker (module docstring).
+
+    ``scheduler``: the plan maker (its policy is not ``shared``); ``clock``: monotonic seconds.
+    :meth:`start` runs the rounds in a thread; :meth:`turn` is what a call waits in."""
+
+    def __init__(self, scheduler: Scheduler, clock: Callable[[], float] = time.monotonic):
+        if scheduler.policy == "shared":
+            raise ValueError("the shared policy has no turns: the levels' calls run concurrently")
+        self.scheduler = scheduler
+        self.clock = clock
+        self.levels = scheduler.levels
+        self._cond = threading.Condition()
+        self._current = _Current()
+        self._waiting: Counter = Counter()  # calls waiting for a turn, per level
+        self._running: Counter = Counter()
+        self._busy: dict[str, float] = {lv: 0.0 for lv in self.levels}  # seconds its calls ran this round
+        self._run_from: dict[str, float] = {}  # a level with calls running: since when (this round)
+        self._recent: dict[str, deque] = {lv: deque(maxlen=ESTIMATE_CALLS) for lv in self.levels}
+        self._stats: dict[str, Counter] = {lv: Counter() for lv in self.levels}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+        self.late_edges: deque = deque(maxlen=256)  # how late the round thread opened each slot (s)
+        #: per level, its last calls' admissions: (the slot's levels, its start, its end, when the call started)
+        self.admissions: dict[str, deque] = {lv: deque(maxlen=256) for lv in self.levels}
+
+    # ---- the rounds -------------------------------------------------------------------------
+    def readings(self, now: float) -> dict[str, Reading]:
+        """Each level's reading of the round ending ``now`` (its own calls only), and a new round's
+        accounts.  Called with the condition held."""
+        out = {}
+        for lv in self.levels:
+            busy = self._busy[lv]
+            if lv in self._run_from:  # calls still running: their time so far counts in this round
+                busy += now - self._run_from[lv]
+                self._run_from[lv] = now
+            out[lv] = Reading(cpu_seconds=busy, pending=bool(self._waiting[lv] or self._running[lv]))
+            self._busy[lv] = 0.0
+        return out
+
+    def plan_round(self, now: float):
+        """The plan of the round starting ``now`` (:class:`~strata.scheduling.Plan`)."""
+        with self._cond:
+            readings = self.readings(now)
+        self.rounds += 1
+        return self.scheduler.next_round(now, readings)
+
+    def open_slot(self, runs: tuple[str, ...], start: float, end: float, after=(), round_end: float | None = None) -> None:
+        """From now until ``end`` the levels of ``runs`` may start calls; ``after``: the round's later
+        slots (from, to, levels running), ending at ``round_end``."""
+        with self._cond:
+            self._current = _Current(tuple(runs), start, end, tuple(after), end if round_end is None else round_end)
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        next_start = self.clock()
+        while not self._stop.is_set():
+            plan = self.plan_round(next_start)
+            timeline = plan.timeline()
+            for i, (start, end, runs) in enumerate(timeline):
+                self.late_edges.append(max(0.0, self.clock() - start))
+                self.open_slot(runs, start, end, timeline[i + 1:], plan.end)
+                while not self._stop.is_set():
+                    left = end - self.clock()
+                    if left <= 0:
+                        break
+                    self._stop.wait(left)
+                if self._stop.is_set():
+                    break
+            next_start = plan.end
+            if self.clock() - next_start > self.scheduler.slot_seconds:  # far behind (a stall): restart now
+                next_start = self.clock()
+
+    def start(self) -> "Turns":
+        self._thread = threading.Thread(target=self._loop, name="level-turns", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No more turns: every waiting and later call runs at once."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    # ---- a call -----------------------------------------------------------------------------
+    def estimate(self, level: str) -> float:
+        """The level's estimate of its next call: the longest of its last calls (0: none yet)."""
+        recent = self._recent[level]
+        return max(recent) if recent else 0.0
+
+    def deadline(self, level: str) -> float:
+        """When a call of ``level`` starting now must end: the start of the round's next slot in which a
+        level runs that does not dominate ``level``; else the round's end (the next round's plan is not
+        made yet), or never if every level served dominates ``level`` (a call of the bottom level may run
+        on into any other level's slot).  The condition held."""
+        leq = self.scheduler.leq
+        cur = self._current
+        for start, _end, runs in cur.after:
+            if any(not leq(level, other) for other in runs):
+                return start
+        if all(leq(level, other) for other in self.levels):
+            return float("inf")
+        return cur.round_end
+
+    def may_start(self, level: str, now: float) -> bool:
+        """Whether a call of ``level`` may start at ``now`` (the condition held)."""
+        cur = self._current
+        if level not in cur.runs or now >= cur.end:
+            return False
+        stretch = self.deadline(level) - cur.start
+        need = ESTIMATE_MARGIN * self.estimate(level)
+        if need <= stretch:
+            return self.deadline(level) - now >= need
+        return now - cur.start <= OVERLONG_START * (cur.end - cur.start)  # too long for it: only at the slot's start
+
+    @contextmanager
+    def turn(self, level: str):
+        """Wait for ``level``'s turn, then run the body as its call (timed for its estimate and its
+        reading).  Once :meth:`stop` ped, calls run at once."""
+        if level not in self._recent:
+            raise ValueError(f"no turns for level {level}")
+        t_wait = now = self.clock()
+        with self._cond:
+            self._waiting[level] += 1
+            try:
+                while not self._stop.is_set():
+                    now = self.clock()
+                    if self.may_start(level, now):
+                        break
+                    cur = self._current
+                    # wake at the slot's edge, or when a slot opens (notify)
+                    self._cond.wait(max(0.001, cur.end - now) if level in cur.runs and now < cur.end else None)
+            finally:
+                self._waiting[level] -= 1
+            t0 = now  # the call starts when it was let in (the condition still held)
+            slot_end = self.deadline(level)
+            cur = self._current
+            self.admissions[level].append((cur.runs, cur.start, cur.end, t0))
+            if not self._running[level]:
+                self._run_from[level] = t0
+            self._running[level] += 1
+            st = self._stats[level]
+            st["calls"] += 1
+            st["waited_ms"] += round((t0 - t_wait) * 1000)
+        try:
+            yield
+        finally:
+            t1 = self.clock()
+            with self._cond:
+                self._running[level] -= 1
+                if not self._running[level]:
+                    self._busy[level] += t1 - self._run_from.pop(level, t1)
+                self._recent[level].append(t1 - t0)
+                if t1 > slot_end and not self._stop.is_set():  # (never for the bottom level: no deadline)
+                    st["overruns"] += 1
+                    st["overrun_ms"] += round((t1 - slot_end) * 1000)
+
+    def stats(self, level: str) -> dict:
+        """``level``'s own figures: its calls, their waits and overruns (nothing of another level)."""
+        with self._cond:
+            return {"policy": self.scheduler.policy, **dict(self._stats[level])}
+
+
+def make_turns(cluster, lattice, levels, seed: int | None = None) -> Turns | None:
+    """The turns of a trusted worker serving ``levels`` by ``[cluster]`` (``cluster``: the settings'
+    section: scheduler, slot_seconds, the penalties), started; None under ``shared`` or for one level."""
+    if cluster.scheduler == "shared" or len(levels) < 2:
+        return None
+    sched = Scheduler(cluster.scheduler, linear_levels(lattice, levels), lattice.leq,
+                      slot_seconds=cluster.slot_seconds, heartbeat_seconds=cluster.heartbeat_seconds,
+                      # the levels' processes are never stopped here (heartbeats go on): no level is due
+                      max_pause=float("inf"), threshold=cluster.penalty_threshold,
+                      share=cluster.penalty_share, rounds=cluster.penalty_rounds, seed=seed)
+    return Turns(sched).start()
