@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from strata.arrowio import from_ipc
 from strata.client import Client
-from strata.deploy.local import alive, start_cluster, stop_cluster
+from strata.deploy.local import alive, renew_master, start_cluster, stop_cluster
 from strata.config import load_config
 from strata.rpc import strata_pb2 as pb
 from strata.users import ROLES, UserStore
@@ -55,7 +55,9 @@ class BenchCluster:
 
     def __init__(self, config_text: str, level, workers: int, chunk_seconds: float = 1.0,
                  clearance: str | None = None, spark_master: str = "local[1]", tls: bool = True,
-                 cpu_reading: str = "host"):
+                 cpu_reading: str = "host", mode: str = "replicated"):
+        """``mode`` ``trusted``: one master and ``workers`` workers serve every level of ``level`` (a list
+        whose first is the level the harness replays at; docs/trusted.md)."""
         self.dir = Path(tempfile.mkdtemp(prefix="strata-bench-"))
         self.config_path = self.dir / "strata.toml"
         self.config_path.write_text(config_text)
@@ -79,6 +81,9 @@ class BenchCluster:
             # Algorithm 5's reading (worker/load.py): the shared host's CPUs, or each worker's own processes
             kw["load_reading"] = "host" if cpu_reading == "host" else "process"
         self.cpu_reading = cpu_reading
+        self.mode = mode
+        if mode != "replicated":
+            kw["mode"] = mode
         out = start_cluster(str(self.config_path), self.levels, workers, self.state, chunk_seconds,
                             spark_master=spark_master, **kw)
         self.addresses = dict(out["masters"])
@@ -101,12 +106,15 @@ class BenchCluster:
         return self
 
     # -- processes ------------------------------------------------------------------------
+    def _serves(self, p: dict) -> bool:
+        return self.level in p.get("serves", [p["level"]])  # a trusted process serves several levels
+
     def _procs(self, role: str) -> list[dict]:
-        return [p for p in self.record["processes"] if p["role"] == role and p["level"] == self.level]
+        return [p for p in self.record["processes"] if p["role"] == role and self._serves(p)]
 
     def pids(self) -> dict[str, int]:
-        """Live processes of the current level's group."""
-        return {p["name"]: p["pid"] for p in self.record["processes"] if p["level"] == self.level and alive(p["pid"])}
+        """Live processes of the current level's group (a trusted cluster's: all of them)."""
+        return {p["name"]: p["pid"] for p in self.record["processes"] if self._serves(p) and alive(p["pid"])}
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) used so far by this level's master and workers, JVMs included.
@@ -134,6 +142,14 @@ class BenchCluster:
 
     def new_master(self, chunk_seconds: float | None = None) -> None:
         """Replace the master by a fresh one (same group, same workers)."""
+        if self.mode == "trusted":  # what strata replay --cluster does: the trusted master restarts whole
+            if chunk_seconds is not None and chunk_seconds != self.chunk_seconds:
+                raise ValueError("a trusted BenchCluster keeps the chunk length it was started with")
+            self.address = renew_master(self.state, self.level)[0]
+            self.record = json.loads((self.state / "cluster.json").read_text())
+            self.addresses.update({lv: self.address for lv in self.levels})
+            self.wait_workers(self.workers)
+            return
         m = self._procs("master")[0]
         self._kill(m["pid"])
         if chunk_seconds is not None:

@@ -43,6 +43,8 @@ Sections (dissertation ch. 9; facts in bench/workloads.py):
                same two-level workload (S and TS, four queries each) on `strata up` replicated (a master and a
                worker per level), trusted (one master, two workers) and trusted with sharing off, same Spark
                cores; plan generation vanilla vs MLS; writes docs/benchmarks/trusted.md
+* ``overhead_trusted`` issue 33, dissertation Table 9.13 (not in the default set, ~16 min): ``overhead``'s
+               protocol with a no-sharing trusted cluster of U, C, S and TS as the MLS side
 * ``turns``    issue 33, dissertation Table 9.8 (bench/turns.py; not in the default set, ~10 min): one query at
                each of U, C, S and TS on `strata up --mode trusted`, 40,000 U tuples/s in all, under the
                trusted worker's round robin, fixed slot and no turns; writes docs/benchmarks/turns.md
@@ -196,8 +198,9 @@ def sec_bf(args, res: dict) -> None:
                  "chunk_instants": p["chunk"], "queries": {q: W.BF_QUERIES[q] for q in p["bf_queries"]}}
 
 
-def sec_overhead(args, res: dict) -> None:
-    """MLS overhead the way the dissertation measured it (§9.3.2, Table 9.7).
+def sec_overhead(args, res: dict, mode: str = "replicated") -> None:
+    """MLS overhead the way the dissertation measured it (§9.3.2, Table 9.7; with ``mode`` ``trusted``,
+    Table 9.13: a trusted cluster serving U, C, S and TS, sharing off, against the vanilla one).
 
     Input paced at a fixed rate the cluster sustains; execution time = first tuple in to last
     result out; per configuration ``ov_runs`` runs of MLS and of vanilla, alternating, the first
@@ -207,7 +210,12 @@ def sec_overhead(args, res: dict) -> None:
     p = args.p
     exps = {e: W.TABLE_9_7[e][0] for e in W.TABLE_9_7}
     first = W.battlefield_set("exp1", exps["exp1"], p["ov_sizes"][0], p["bf_per_instant"])
-    mls = BenchCluster(first.config, first.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
+    if mode == "trusted":  # Table 9.13: vanilla vs no-sharing trusted
+        mls = BenchCluster(first.config + "\n[sharing]\nenabled = false\n", [first.level] + [
+            lv for lv in W.BF_LEVELS if lv != first.level], 2, chunk_seconds=p["chunk"], tls=not args.insecure,
+            cpu_reading=args.cpu_reading, mode="trusted")
+    else:
+        mls = BenchCluster(first.config, first.level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
     van = BenchCluster(first.vanilla_config, first.vanilla_level, 2, tls=not args.insecure, cpu_reading=args.cpu_reading)
     runs, checks = [], []
     try:
@@ -225,11 +233,18 @@ def sec_overhead(args, res: dict) -> None:
     finally:
         mls.stop()
         van.stop()
-    res["overhead"] = {"runs": runs, "checks": checks, "rate": p["ov_rate"], "per_instant": p["bf_per_instant"],
+    res["overhead" if mode == "replicated" else f"overhead_{mode}"] = {
+                       "runs": runs, "checks": checks, "rate": p["ov_rate"], "per_instant": p["bf_per_instant"],
                        "chunk_instants": p["chunk"], "workers": 2, "runs_per_config": p["ov_runs"],
                        "discarded": p["ov_discard"],
                        "experiments": {e: [W.BF_QUERIES[q] for q in qs] for e, qs in exps.items()},
                        "dissertation": {e: W.TABLE_9_7[e][1] for e in exps}}
+
+
+def sec_overhead_trusted(args, res: dict) -> None:
+    """Table 9.13 (§9.4): the Table 9.7 protocol with a no-sharing trusted cluster of U, C, S and TS as the MLS
+    side (docs/benchmarks/trusted.md)."""
+    sec_overhead(args, res, mode="trusted")
 
 
 def sec_mpath(args, res: dict) -> None:
@@ -435,7 +450,7 @@ def sec_micro(args, res: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Strata benchmark harness (docs/benchmarks/README.md)")
     ap.add_argument("--quick", action="store_true", help="small data, one repetition (minutes)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro", "access", "trusted", "turns"], help="run only these sections")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS + ["micro", "access", "trusted", "turns", "overhead_trusted"], help="run only these sections")
     ap.add_argument("--insecure", action="store_true", help="clusters without mutual TLS")
     ap.add_argument("--cpu-reading", choices=["host", "process", "dedicated"], default="process",
                     help="Algorithm 5's load reading of the sections' own clusters (userpath always runs the "
