@@ -53,12 +53,11 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from bench import workloads as W
-from bench.check import BenchCheckFailed
+from bench.check import BenchCheckFailed, Excerpts
 from bench.userpath import PASSWORD, STRATA, Subscriber, _env, setup, up_cluster, worker_pids
 from strata.api import connect
 from strata.config import parse_config
@@ -111,25 +110,13 @@ VARIANT = {  # name -> (query, streams, punctuations' streams or None)
 
 
 # ---- the reference ---------------------------------------------------------------------------------
-class Reference:
+class Reference(Excerpts):
     """Expected rows per (variant, instant), from tests/reference/access.py on excerpts (see above)."""
 
     def __init__(self, tables: dict[str, pa.Table]):
+        super().__init__(tables, TRIM)
         self.cfg = parse_config(BATTLEFIELD_TOML)
-        self.tables = tables
-        self.ts = {s: t.column("ts").to_numpy() for s, t in tables.items()}
-        self.instants = sorted(set(np.concatenate(list(self.ts.values())).tolist()))
         self._cache: dict[str, dict[int, list[tuple]]] = {}
-
-    def _excerpt(self, streams, tau: int) -> dict[str, list[dict]]:
-        out = {}
-        for s in streams:
-            ts = self.ts[s]
-            a, b = int(np.searchsorted(ts, tau - 1, "left")), int(np.searchsorted(ts, tau, "right"))
-            mid = int(np.searchsorted(ts, tau, "left"))
-            a = max(a, mid - TRIM)
-            out[s] = self.tables[s].slice(a, b - a).to_pylist()
-        return out
 
     def at(self, variant: str, tau: int, switches=()) -> list[tuple]:
         from tests.reference.access import evaluate_access
@@ -137,7 +124,7 @@ class Reference:
         query, streams, pstreams = VARIANT[variant]
         punct = policy_rows(pstreams) if pstreams else []
         punct = [dict(p, immutable=None) for p in punct]
-        out = evaluate_access(query, self.cfg, LEVEL, self._excerpt(streams, tau), punct, (USER, ROLES), switches)
+        out = evaluate_access(query, self.cfg, LEVEL, self.excerpt(tau, streams), punct, (USER, ROLES), switches)
         return [r for r in out.rows if r[0] == tau]
 
     def rows(self, variant: str) -> dict[int, list[tuple]]:

@@ -114,3 +114,23 @@ def compare_avg(actual: pa.Table | None, expected: pa.Table, rel: float = 1e-9) 
     if not np.allclose(x, y, rtol=rel, atol=1e-9):
         i = int(np.argmax(~np.isclose(x, y, rtol=rel, atol=1e-9)))
         raise BenchCheckFailed(f"AVG at instant {a.column('ts')[i].as_py()}: {x[i]} vs DuckDB {y[i]}")
+
+
+class Excerpts:
+    """Per instant τ, the input a reference needs for τ's rows of windows no wider than ``trim`` tuples of an
+    instant: each stream's tuples of τ and the last ``trim`` of τ-1 (``tables`` sorted by ``ts``)."""
+
+    def __init__(self, tables: dict[str, pa.Table], trim: int):
+        self.tables, self.trim = tables, trim
+        self.ts = {s: t.column("ts").to_numpy() for s, t in tables.items()}
+        self.instants = sorted(set(np.concatenate(list(self.ts.values())).tolist()))
+
+    def excerpt(self, tau: int, streams=None) -> dict[str, list[dict]]:
+        """The rows of ``streams`` (default: every stream) the reference is given for instant ``tau``."""
+        out = {}
+        for s in self.ts if streams is None else streams:
+            ts = self.ts[s]
+            a = max(int(np.searchsorted(ts, tau - 1, "left")), int(np.searchsorted(ts, tau, "left")) - self.trim)
+            b = int(np.searchsorted(ts, tau, "right"))
+            out[s] = self.tables[s].slice(a, b - a).to_pylist()
+        return out

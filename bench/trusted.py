@@ -57,7 +57,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
@@ -66,8 +65,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import workloads as W  # noqa: E402
-from bench.check import BenchCheckFailed  # noqa: E402
-from bench.userpath import PASSWORD, STRATA, TreeCpu, _env, run_cmd, setup  # noqa: E402
+from bench.check import BenchCheckFailed, Excerpts  # noqa: E402
+from bench.userpath import PASSWORD, STRATA, TreeCpu, _env, setup, up_cluster  # noqa: E402
 from strata.api import connect  # noqa: E402
 from strata.config import parse_config  # noqa: E402
 from strata.deploy.local import renew_master  # noqa: E402
@@ -153,23 +152,13 @@ def inputs(d: Path, tuples: int) -> tuple[dict[str, pa.Table], dict[str, Path]]:
 
 
 # ---- the reference -----------------------------------------------------------------------------------
-class Reference:
+class Reference(Excerpts):
     """Expected rows per (level, query text, instant) from tests/reference/evaluator.py on excerpts (above)."""
 
     def __init__(self, tables: dict[str, pa.Table]):
+        super().__init__(tables, TRIM)
         self.cfg = parse_config(BATTLEFIELD_TOML)
-        self.tables = tables
-        self.ts = {s: t.column("ts").to_numpy() for s, t in tables.items()}
-        self.instants = sorted(set(np.concatenate(list(self.ts.values())).tolist()))
         self._cache: dict[tuple[str, str], list[tuple]] = {}
-
-    def _excerpt(self, tau: int) -> dict[str, list[dict]]:
-        out = {}
-        for s, ts in self.ts.items():
-            a = max(int(np.searchsorted(ts, tau - 1, "left")), int(np.searchsorted(ts, tau, "left")) - TRIM)
-            b = int(np.searchsorted(ts, tau, "right"))
-            out[s] = self.tables[s].slice(a, b - a).to_pylist()
-        return out
 
     def rows(self, level: str, query: str) -> list[tuple]:
         from tests.reference.evaluator import evaluate
@@ -179,7 +168,7 @@ class Reference:
             t0 = time.monotonic()
             rows = []
             for tau in self.instants:
-                rows += [r for r in evaluate(query, self.cfg, level, self._excerpt(tau)) if r[0] == tau]
+                rows += [r for r in evaluate(query, self.cfg, level, self.excerpt(tau)) if r[0] == tau]
             self._cache[key] = rows
             _log(f"reference {level} {query[:40]}...: {len(rows):,} rows, {time.monotonic() - t0:.0f} s")
         return self._cache[key]
@@ -211,13 +200,12 @@ class Cluster:
         if extra:
             self.cfg.write_text(self.cfg.read_text() + extra)
         self.state = d / "up-state"
-        self.cmd = STRATA + ["up", "--config", str(self.cfg), "--levels", ",".join(LEVELS), "--workers",
-                             str(self.workers), "--state-dir", str(self.state), "--mode", up_mode]
+        self._up = up_cluster(self.cfg, self.state, ",".join(LEVELS), self.workers, up_mode)
 
     def __enter__(self):
         self.tree = tree_state()
         la = loadavg()
-        self.up = run_cmd(self.cmd, _env(), stdout=subprocess.PIPE)
+        self.up = dict(self._up.__enter__())
         self.up.pop("stderr", None)
         self.up["load"] = la
         self.tls = json.loads((self.state / "cluster.json").read_text())["tls_dir"]
@@ -225,7 +213,7 @@ class Cluster:
         return self
 
     def __exit__(self, *exc):
-        subprocess.run(STRATA + ["down", "--state-dir", str(self.state)], env=_env(), capture_output=True)
+        return self._up.__exit__(*exc)
 
     def _processes(self) -> list[dict]:
         return json.loads((self.state / "cluster.json").read_text())["processes"]

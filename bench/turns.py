@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 from bench import workloads as W  # noqa: E402
 from bench.check import BenchCheckFailed, check_sample  # noqa: E402
-from bench.userpath import PASSWORD, STRATA, Subscriber, TreeCpu, _env, run_cmd, setup  # noqa: E402
+from bench.userpath import PASSWORD, STRATA, Subscriber, TreeCpu, _env, setup, up_cluster  # noqa: E402
 from strata.api import connect  # noqa: E402
 from strata.deploy.local import renew_master  # noqa: E402
 from strata.examples import BATTLEFIELD_TOML  # noqa: E402
@@ -89,11 +89,11 @@ class Cluster:
         if policy != "shared":
             self.cfg.write_text(self.cfg.read_text() + f'\n[cluster]\nscheduler = "{policy}"\n')
         self.state = d / "up-state"
+        self._up = up_cluster(self.cfg, self.state, ",".join(LEVELS), 2, "trusted")
 
     def __enter__(self):
         la = loadavg()
-        self.up = run_cmd(STRATA + ["up", "--config", str(self.cfg), "--levels", ",".join(LEVELS), "--workers", "2",
-                                    "--state-dir", str(self.state), "--mode", "trusted"], _env(), stdout=subprocess.PIPE)
+        self.up = dict(self._up.__enter__())
         self.up.pop("stderr", None)
         self.up["load"] = la
         self.tls = json.loads((self.state / "cluster.json").read_text())["tls_dir"]
@@ -101,7 +101,7 @@ class Cluster:
         return self
 
     def __exit__(self, *exc):
-        subprocess.run(STRATA + ["down", "--state-dir", str(self.state)], env=_env(), capture_output=True)
+        return self._up.__exit__(*exc)
 
     def pids(self) -> list[int]:
         procs = json.loads((self.state / "cluster.json").read_text())["processes"]

@@ -212,11 +212,11 @@ def _summary(runs: list[dict], checks: list[str], big: int, small: int) -> dict:
 
 
 @contextlib.contextmanager
-def up_cluster(cfg: Path, state: Path, level: str = LEVEL):
-    """``strata up --levels level --workers 2`` into ``state`` for the block (yields its
-    :func:`run_cmd` result), ``strata down`` after it."""
-    up = run_cmd(STRATA + ["up", "--config", str(cfg), "--levels", level, "--workers", "2", "--state-dir",
-                           str(state)], _env(), stdout=subprocess.PIPE)
+def up_cluster(cfg: Path, state: Path, level: str = LEVEL, workers: int = 2, mode: str | None = None):
+    """``strata up --levels level --workers workers [--mode mode]`` into ``state`` for the block (yields its
+    :func:`run_cmd` result; ``level``: one level or several, comma-separated), ``strata down`` after it."""
+    up = run_cmd(STRATA + ["up", "--config", str(cfg), "--levels", level, "--workers", str(workers), "--state-dir",
+                           str(state)] + (["--mode", mode] if mode else []), _env(), stdout=subprocess.PIPE)
     try:
         yield up
     finally:

@@ -12,7 +12,7 @@ import struct
 
 import pyarrow as pa
 
-__all__ = ["ARROW_TYPES", "to_ipc", "from_ipc", "IpcError", "BatchTooLarge", "MAX_DECODED_BYTES"]
+__all__ = ["ARROW_TYPES", "to_ipc", "from_ipc", "IpcError", "BatchTooLarge", "MAX_DECODED_BYTES", "same_table"]
 
 #: Arrow type of each MLS-CQL value type (declared attributes, levels, output columns)
 ARROW_TYPES = {
@@ -35,6 +35,15 @@ class IpcError(ValueError):
 
 class BatchTooLarge(IpcError):
     """An IPC stream that would decode to more bytes or rows than its reader allows."""
+
+
+def same_table(a: pa.Table | None, b: pa.Table | None) -> bool:
+    """Whether two tables (or None) hold the same schema and values (the same object: at once)."""
+    if a is b:
+        return True
+    if a is None or b is None:
+        return False
+    return a.num_rows == b.num_rows and a.schema.equals(b.schema) and a.equals(b)
 
 
 def to_ipc(table: pa.Table) -> bytes:

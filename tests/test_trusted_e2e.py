@@ -149,13 +149,8 @@ def test_what_the_s_sessions_received(runs):
     assert seen["cpu_op"] == [0.0]
     assert [q["state"] for q in seen["status_ana"]["queries"]] == ["ended"] * len(QUERIES)
     assert not any(k.startswith(("transport:", "multicast:")) for k in op["rejected"])
-    kept = [{"ts": t, "level": lv, "sid": f"s{t % 3}", "bp": float(100 + t % 50), "pr": 1.0, "weight": 1.0}
-            for t, lv in [(1, "S"), (4, "U"), (5, "C"), (6, "S"), (10, "S"), (11, "S"), (12, "S")]]
-    for (qid, *_), q in zip(seen["register"], QUERIES):
-        compare_results(seen["results"][qid], evaluate(q, runs["config"], "S", {"Vitals": kept}))
+    safety.assert_results_equal_the_reference(seen, runs["config"])
 
 
 def test_results_arrive_at_the_same_time_within_a_generous_tolerance(runs):
-    a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
-    for q in b:
-        assert abs(a[q] - b[q]) <= 5.0 + 1.0 * max(a[q], b[q]), (q, a[q], b[q])
+    safety.assert_arrivals_within_a_generous_tolerance(runs)

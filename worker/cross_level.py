@@ -56,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata.arrowio import same_table
 from strata.chunking.model import ChunkResult, LegacyMode, QueryChunk, legacy_mode
 from strata.chunking.prune import used_columns
 from strata.sharing.execution import complete_key
@@ -155,14 +156,6 @@ def _relevant(t: pa.Table, levels, window, evals: list[int], cols: set | None, i
     end = end_array(window, ts, parts, instant_seconds)
     keep = useful_rows(start_array(window, ts, instant_seconds), end, evals)
     return t if keep.all() else t.filter(pa.array(keep))
-
-
-def _equal(a: pa.Table | None, b: pa.Table | None) -> bool:
-    if a is b:
-        return True
-    if a is None or b is None:
-        return False
-    return a.num_rows == b.num_rows and a.schema.equals(b.schema) and a.equals(b)
 
 
 @dataclass
@@ -332,12 +325,12 @@ class CrossLevelCache:
         """Whether stored entry ``e``'s chunk and ``qc`` hold the same input for ``s``'s query (restricted
         to ``item_levels`` per item): the same running state and the same relevant rows (:func:`_relevant`)."""
         st = e.chunk
-        if st.state_upto != qc.state_upto or not _equal(st.state, qc.state) or len(st.items) != len(qc.items):
+        if st.state_upto != qc.state_upto or not same_table(st.state, qc.state) or len(st.items) != len(qc.items):
             return False
         evals = sorted({int(t) for t in qc.instants}
                        | ({int(qc.prev_instant)} if qc.prev_instant is not None else set()))
         for a, b, lv, w in zip(st.items, qc.items, item_levels, s.windows):
-            if not _equal(_relevant(a, lv, w, evals, s.cols, self.instant_seconds),
+            if not same_table(_relevant(a, lv, w, evals, s.cols, self.instant_seconds),
                           _relevant(b, lv, w, evals, s.cols, self.instant_seconds)):
                 return False
         return True

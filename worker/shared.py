@@ -46,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata.arrowio import same_table
 from strata.chunking.model import ChunkResult, QueryChunk
 from strata.mlscql import CompiledQuery
 from strata.sharing import sharing_enabled
@@ -57,20 +58,12 @@ from .cross_level import CrossLevelCache, Residual
 __all__ = ["SharedExecutor"]
 
 
-def _same_table(a: pa.Table | None, b: pa.Table | None) -> bool:
-    if a is b:
-        return True
-    if a is None or b is None:
-        return False
-    return a.num_rows == b.num_rows and a.schema.equals(b.schema) and a.equals(b)
-
-
 def _is_suffix(small: pa.Table, big: pa.Table) -> bool:
     if small.num_rows > big.num_rows:
         return False
     if small is big:
         return True
-    return _same_table(small, big.slice(big.num_rows - small.num_rows))
+    return same_table(small, big.slice(big.num_rows - small.num_rows))
 
 
 class SharedExecutor:
@@ -175,9 +168,9 @@ class SharedExecutor:
     @staticmethod
     def _same_input(a: QueryChunk, b: QueryChunk) -> bool:
         return (list(a.instants) == list(b.instants) and a.prev_instant == b.prev_instant
-                and a.state_upto == b.state_upto and _same_table(a.state, b.state)
+                and a.state_upto == b.state_upto and same_table(a.state, b.state)
                 and len(a.items) == len(b.items)
-                and all(_same_table(x, y) for x, y in zip(a.items, b.items)))
+                and all(same_table(x, y) for x, y in zip(a.items, b.items)))
 
     def _classes(self, members: list[str], by_id: dict[str, QueryChunk]) -> list[list[str]]:
         classes: list[list[str]] = []
