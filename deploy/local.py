@@ -140,7 +140,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         private_dir(d)
     port = multicast_port or free_udp_port()
     levels = [cfg.lattice.parse(lv) for lv in levels]
-    if mode != "trusted":  # a trusted worker's turns stop no process (worker/turns.py): any round is fine
+    if mode != "trusted":  # a trusted worker's turns stop no process (strata/turns.py): any round is fine
         check_round(cfg, len(levels))  # [cluster] scheduler's rounds too long for a stopped worker: refused now
     for lv in levels:
         group_spec(cfg, lv, state_dir, create_key=True)  # make the level's key before any process starts
@@ -283,7 +283,7 @@ def start_cluster(config: str, levels: list[str], workers: int, state_dir: Path,
         raise CliError(f"cluster did not start within {timeout:.0f} s: {', '.join(sorted(pending))}")
     write_private(state_dir / "cluster.json", json.dumps(record, indent=2))
     try:  # the host's slot gate ([cluster] scheduler not shared: deploy/slots.py), once the levels run;
-        # a trusted process serves every level: its workers take the turns inside (worker/turns.py)
+        # a trusted process serves every level: its workers take the turns inside (strata/turns.py)
         start_gate(state_dir, record, "shared" if mode == "trusted" else cfg.cluster.scheduler)
     except CliError:
         stop_cluster(state_dir)

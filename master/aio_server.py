@@ -85,12 +85,15 @@ class AioMaster(rpc.MasterServicer):
     the event loop it serves on; the core it serves notifies that loop."""
 
     def __init__(self, servicer: MasterServicer | None, peer_check=None, call_threads: int = 16,
-                 ingest_threads: int = 8, replication=None):
+                 ingest_threads: int = 8, replication=None, turn=None):
         """``servicer`` None: a master with standbys that is not active yet (``replication`` refuses the
         client calls until :meth:`install` gives it one).  ``replication`` (master/standby.py
         :class:`~strata.master.standby.Node`): the master-to-master calls (Follow, Probe) and the gate
-        of client calls (a standby refuses them); None: a master without standbys, as before."""
+        of client calls (a standby refuses them); None: a master without standbys, as before.
+        ``turn()``: a context manager every pool call of this front waits in (a trusted master's turns
+        of its level, strata/turns.py: the level's calls, batches and result messages run in its slots)."""
         self.peer_check = peer_check
+        self.turn = turn
         self.replication = replication
         self.loop = asyncio.get_running_loop()
         self.calls = ThreadPoolExecutor(call_threads, thread_name_prefix="master-call")
@@ -154,11 +157,16 @@ class AioMaster(rpc.MasterServicer):
             yield record
 
     async def _run(self, pool, context, fn, *args):
-        """``fn(*args)`` on a pool thread; an abort it asks for aborts the call."""
+        """``fn(*args)`` on a pool thread (in the level's turn, with turns); an abort it asks for aborts the call."""
+        call = functools.partial(fn, *args) if self.turn is None else functools.partial(self._in_turn, fn, *args)
         try:
-            return await self.loop.run_in_executor(pool, functools.partial(fn, *args))
+            return await self.loop.run_in_executor(pool, call)
         except _Abort as a:
             await context.abort(a.code, a.details)
+
+    def _in_turn(self, fn, *args):
+        with self.turn():
+            return fn(*args)
 
     async def _unary(self, name: str, request, context):
         """A unary call on the ``calls`` pool.  An exception the servicer did not turn into a status

@@ -23,6 +23,7 @@ its own (:class:`Checkpointer`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -127,8 +128,10 @@ class Checkpointer:
     at every ``period`` seconds).  A failed checkpoint (disk full) is logged and counted; the log
     stays whole and the next attempt comes after a minute."""
 
-    def __init__(self, core, period: float = 0.5, retry_seconds: float = 60.0):
+    def __init__(self, core, period: float = 0.5, retry_seconds: float = 60.0, turn=None):
+        """``turn()``: a context manager a checkpoint waits in (a trusted master's turns of the level)."""
         self.core = core
+        self.turn = turn or contextlib.nullcontext
         self.period = period
         self.retry_seconds = retry_seconds
         self._stop = threading.Event()
@@ -145,7 +148,9 @@ class Checkpointer:
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             try:
-                if self.core.checkpoint_due():
+                if not self.core.checkpoint_due():
+                    continue
+                with self.turn():
                     done = self.core.checkpoint()
                     log.info("checkpoint at event %s: %s", done["upto_seq"], done)
             except Exception as e:  # noqa: BLE001 - the log stays whole; try again later

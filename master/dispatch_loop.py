@@ -10,12 +10,18 @@ A reply goes to :meth:`MasterCore.on_result`, a failure to :meth:`MasterCore.on_
 that refuses this master's epoch (a newer master drives the workers) calls ``on_fenced``.  With
 nothing to send the loop waits for the core's next change (:meth:`MasterCore.wait_change`), at most
 50 ms.
+
+In a trusted master whose levels take turns (``turn``: the level's turn of :class:`strata.turns.Turns`)
+each step runs in the level's turn, and the workers' replies wait in a queue for the next step instead
+of being merged on gRPC's callback thread: all of a level's dispatch work (cutting, encoding, merging
+results) happens in its own slots, whatever another level's load.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 
 import grpc
 
@@ -42,9 +48,10 @@ class DispatchLoop:
     """Sends ready chunks to workers (async gRPC) and feeds results back to the core."""
 
     def __init__(self, core: MasterCore, key: bytes, member, rpc_deadline: float = 30.0, tls_dir=None,
-                 epoch: int = 0, on_fenced=None):
+                 epoch: int = 0, on_fenced=None, turn=None):
         """``epoch``: this master's epoch (a master with standbys; 0: none), signed into every Execute;
-        ``on_fenced(detail)``: a worker refused it for a newer master's epoch (the master steps down)."""
+        ``on_fenced(detail)``: a worker refused it for a newer master's epoch (the master steps down);
+        ``turn()``: a context manager the level's work waits in (a trusted master's turns; None: none)."""
         self.core = core
         self.key = key
         self.member = member
@@ -52,6 +59,8 @@ class DispatchLoop:
         self.tls_dir = tls_dir
         self.epoch = int(epoch)
         self.on_fenced = on_fenced
+        self.turn = turn
+        self._replies: deque = deque()  # with turns: replies waiting for the level's next step
         self._executes: dict[str, object] = {}  # worker -> its Execute (serialized requests)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
@@ -105,7 +114,11 @@ class DispatchLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                sent = self._step()
+                if self.turn is None:
+                    sent = self._step()
+                else:
+                    with self.turn():
+                        sent = self._step()
             except Exception:  # noqa: BLE001 - the dispatch thread never dies: log, wait a little, go on
                 limited.exception("dispatch", "dispatch step failed; continuing")
                 sent = []
@@ -113,6 +126,8 @@ class DispatchLoop:
                 self.core.wait_change(0.05)
 
     def _step(self) -> list:
+        while self._replies:  # (with turns) the replies that came in since the last step
+            self._reply(*self._replies.popleft())
         self._sync_group()
         self.core.expire()
         sent = self.core.assignments()
@@ -147,28 +162,36 @@ class DispatchLoop:
         span = (chunk.first_ts, chunk.last_ts)  # which cut chunks this unit covers, whatever happens meanwhile
 
         def done(f):
-            try:
-                try:
-                    reply = f.result()
-                except grpc.RpcError as e:
-                    code = e.code()
-                    if code == grpc.StatusCode.FAILED_PRECONDITION and self.on_fenced is not None and \
-                            (e.details() or "").startswith("fenced"):
-                        self.on_fenced(f"worker {sid}: {e.details()}")  # a newer master drives the workers
-                        return
-                    limited.warning("chunk-failed", "chunk %s on %s failed: %s %s", cid, sid, code, e.details())
-                    # a lost worker is dropped (its chunks go elsewhere, not counted against them);
-                    # an error reply or an overrun deadline is one failed attempt of the chunk
-                    self.core.on_failure(cid, sid, drop_worker=code in (grpc.StatusCode.UNAVAILABLE,),
-                                         reason=str(e.details() or ""), kind=getattr(code, "name", str(code)))
-                    return
-                try:
-                    results = [decode_result(b) for b in reply.results]
-                    self.core.on_result(cid, sid, results, span=span)
-                except Exception as e:  # noqa: BLE001 - an undecodable or inconsistent reply
-                    limited.warning("bad-reply", "chunk %s on %s: bad reply: %s", cid, sid, e)
-                    self.core.on_failure(cid, sid, reason=f"bad reply: {e}", kind="BAD_REPLY")
-            except Exception:  # noqa: BLE001 - never lose a callback silently
-                limited.exception("result", "chunk %s on %s: result handling failed", cid, sid)
+            if self.turn is None:
+                self._reply(f, cid, sid, span)
+            else:  # merged in the level's turn, by the loop
+                self._replies.append((f, cid, sid, span))
+                self.core.changes.notify()
 
         fut.add_done_callback(done)
+
+    def _reply(self, f, cid: str, sid: str, span) -> None:
+        """A finished Execute of unit ``cid`` on ``sid``: its results to the core, or a failure."""
+        try:
+            try:
+                reply = f.result()
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION and self.on_fenced is not None and \
+                        (e.details() or "").startswith("fenced"):
+                    self.on_fenced(f"worker {sid}: {e.details()}")  # a newer master drives the workers
+                    return
+                limited.warning("chunk-failed", "chunk %s on %s failed: %s %s", cid, sid, code, e.details())
+                # a lost worker is dropped (its chunks go elsewhere, not counted against them);
+                # an error reply or an overrun deadline is one failed attempt of the chunk
+                self.core.on_failure(cid, sid, drop_worker=code in (grpc.StatusCode.UNAVAILABLE,),
+                                     reason=str(e.details() or ""), kind=getattr(code, "name", str(code)))
+                return
+            try:
+                results = [decode_result(b) for b in reply.results]
+                self.core.on_result(cid, sid, results, span=span)
+            except Exception as e:  # noqa: BLE001 - an undecodable or inconsistent reply
+                limited.warning("bad-reply", "chunk %s on %s: bad reply: %s", cid, sid, e)
+                self.core.on_failure(cid, sid, reason=f"bad reply: {e}", kind="BAD_REPLY")
+        except Exception:  # noqa: BLE001 - never lose a callback silently
+            limited.exception("result", "chunk %s on %s: result handling failed", cid, sid)

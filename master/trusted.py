@@ -23,6 +23,13 @@ everything a session of level S receives is computed by S's pipeline from what S
   reading (:class:`LevelView`): that reading mixes every level's load, and a lower level's dispatch
   (and its operators' status) must not depend on a higher level's load; dispatch goes by each level's
   own evaluation slots on each worker (credits).
+* **Turns** (``[cluster] scheduler`` other than ``shared``, strata/turns.py): the levels take turns in
+  this process by the same plans as in the trusted workers, on the same grid (so under ``fixed_slot`` a
+  level's slot opens at the same moments in the master and in its workers).  Each level's work waits in
+  its own turn: its front's pool calls (:class:`AioMaster` ``turn``: unary calls, ingest batches, the
+  taking and encoding of result messages), its dispatch steps (cutting, encoding, merging replies:
+  :class:`~strata.master.dispatch_loop.DispatchLoop` ``turn``) and its checkpoints.  So a higher
+  level's ingest, chunks and results are handled in its own slots, never in a lower level's.
 * **What is not per level**: transport refusals (a certificate of no served level) and refused
   heartbeats of the group are counted in the top level's status only.
 
@@ -31,7 +38,9 @@ Standby masters are not supported for a trusted master yet (``strata master --pe
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
 from dataclasses import dataclass, replace
 
@@ -41,6 +50,7 @@ from strata.groups.membership import GroupMember
 from strata.rpc import strata_pb2_grpc as rpc
 from strata.serving import run_until_stopped
 from strata.tls import PeerCheck, peer_identity, server_credentials
+from strata.turns import make_turns
 
 from .aio_server import AioMaster, MasterServer
 from .checkpoint import Checkpointer
@@ -200,20 +210,26 @@ class TrustedFront(rpc.MasterServicer):
         yield  # an async generator (never reached)
 
 
+def level_turn(turns, level: str):
+    """``level``'s turn (a context manager factory) in ``turns``; None without turns."""
+    return None if turns is None else functools.partial(turns.turn, level)
+
+
 class TrustedServer(MasterServer):
     """The trusted master's ``grpc.aio`` server: one port, a :class:`TrustedFront` over one
     :class:`AioMaster` per level (its own pools: a level's calls never wait for another level's)."""
 
     def __init__(self, parts: dict[str, LevelPart], lattice, listen: str, credentials=None,
-                 call_threads: int = 8, ingest_threads: int = 4):
-        self.parts, self.lattice = parts, lattice
+                 call_threads: int = 8, ingest_threads: int = 4, turns=None):
+        """``turns``: the levels' turns (strata/turns.py; None: the levels' calls run concurrently)."""
+        self.parts, self.lattice, self.turns = parts, lattice, turns
         super().__init__(None, listen, credentials=credentials, call_threads=call_threads,
                          ingest_threads=ingest_threads)
 
     def make_front(self) -> TrustedFront:
         tls = self.credentials is not None
         fronts = {lv: AioMaster(p.servicer, PeerCheck(lv, ("client",), refused=p.core.refused) if tls else None,
-                                *self.threads) for lv, p in self.parts.items()}
+                                *self.threads, turn=level_turn(self.turns, lv)) for lv, p in self.parts.items()}
         top = next(iter(self.parts.values()))
         return TrustedFront(fronts, self.parts, self.lattice, tls, top.core.refused)
 
@@ -223,16 +239,18 @@ class TrustedLoops:
     trusted workers' heartbeats), and per level a dispatch loop, a checkpointer (with a state file) and
     a users-file watch."""
 
-    def __init__(self, parts: dict[str, LevelPart], users, spec, address: str, tls_dir=None):
+    def __init__(self, parts: dict[str, LevelPart], users, spec, address: str, tls_dir=None, turns=None):
         self.member = GroupMember(spec, sid=address, role="master")
         self.member.state = "master"
         top = next(iter(parts))
         parts[top].core.group_rejected = lambda: self.member.rejected  # refused heartbeats: the top's status only
         self.threads = []
         for lv, p in parts.items():
-            self.threads.append(DispatchLoop(p.core, spec.key, LevelView(self.member, prove=lv == top), tls_dir=tls_dir))
+            turn = level_turn(turns, lv)
+            self.threads.append(DispatchLoop(p.core, spec.key, LevelView(self.member, prove=lv == top), tls_dir=tls_dir,
+                                             turn=turn))
             if p.store is not None:
-                self.threads.append(Checkpointer(p.core))
+                self.threads.append(Checkpointer(p.core, turn=turn))
             watch = UsersWatch(p.core, p.sessions, users)
             watch.check()
             self.threads.append(watch)
@@ -260,15 +278,21 @@ def serve_trusted_master(config, levels, listen: str, spec, users, chunk_instant
     warm_up(config, levels[0])
     parts = build_levels(config, levels, users, chunk_instants, owner, state_paths)
     creds = server_credentials(tls_dir, "master", levels[0], also=levels) if tls_dir is not None else None
-    server = TrustedServer(parts, config.lattice, listen, credentials=creds)
+    turns = make_turns(config.cluster, config.lattice, tuple(parts))
+    if turns is not None:
+        print(f"[strata] master: levels {', '.join(turns.levels)} take turns: {config.cluster.scheduler}, "
+              f"{config.cluster.slot_seconds:g} s slots (strata/turns.py)", file=sys.stderr, flush=True)
+    server = TrustedServer(parts, config.lattice, listen, credentials=creds, turns=turns)
     address = server.address
-    loops = TrustedLoops(parts, users, spec, address, tls_dir)
+    loops = TrustedLoops(parts, users, spec, address, tls_dir, turns=turns)
     server.start()
     loops.start()
     log.info("trusted master %s serving levels %s", address, ", ".join(parts))
     top = parts[levels[0]]
 
     def cleanup():
+        if turns is not None:  # every waiting call runs at once: nothing waits for a slot while stopping
+            turns.stop()
         loops.stop()
         server.stop(grace=2)
         for p in parts.values():

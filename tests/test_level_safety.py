@@ -75,13 +75,16 @@ def reply(r) -> dict:
             "error": r.error}
 
 
-def run_scenario(cl, with_ts: bool, load=None, worker_cpu: bool = False) -> tuple[dict, dict]:
+def run_scenario(cl, with_ts: bool, load=None, worker_cpu: bool = False, before_close=None) -> tuple[dict, dict]:
     """Everything the S sessions receive (``seen``), and when results arrived (``times``).
 
     ``load(cl)``: other work started once the S sessions are in, running all along the scenario and
     finished (``.finish(config)``) at its end (tests/test_trusted_e2e.py: a TS session's queries and input
     on the same trusted master); ``worker_cpu``: the workers' CPU readings in the operators' status are
-    compared too (a trusted master shows every level 0; elsewhere they are volatile)."""
+    compared too (a trusted master shows every level 0; elsewhere they are volatile); ``before_close()``:
+    called just before the operator's finish (tests/test_trusted_e2e.py: waits for a fixed phase of the
+    levels' turns).  ``times``: each query's last arrival after the finish (``arrival``, seconds) and the
+    wall-clock time of every result message (``walls``)."""
     renew_master(cl["state"], "S")  # an empty level on the same address
     p1, p2, ana, op = (login(cl, u) for u in ("p1", "p2", "ana", "op"))
     wait_for(lambda: len(op.status().workers) == 1, 30, "the worker to join the restarted master")
@@ -100,10 +103,12 @@ def run_scenario(cl, with_ts: bool, load=None, worker_cpu: bool = False) -> tupl
     }
     got = {r.query_id: [] for r in regs}
     arrived: dict[str, float] = {}
+    walls: list[float] = []
 
     def collect():
         for qid, t in ana.subscribe([r.query_id for r in regs]):
             if t is not None:
+                walls.append(time.time())
                 got[qid].extend(rows_of(t))
                 arrived[qid] = time.monotonic()
 
@@ -124,6 +129,8 @@ def run_scenario(cl, with_ts: bool, load=None, worker_cpu: bool = False) -> tupl
     p2_seen["advance_far"] = attempt(lambda: p2.advance(upto_ts=500000))
     p2_seen["advance_max"] = attempt(lambda: p2.advance(upto_ts=MAXLONG))
     p2_seen["advance_12"] = attempt(lambda: p2.advance(upto_ts=12))
+    if before_close is not None:
+        before_close()
     closed = time.monotonic()
     seen["op_finish"] = attempt(lambda: op.advance(finish=True))
     th.join(180)
@@ -143,7 +150,7 @@ def run_scenario(cl, with_ts: bool, load=None, worker_cpu: bool = False) -> tupl
         background.finish(load_config(cl["config"]))
     for c in (p1, p2, ana, op):
         c.close()
-    times = {"dropped": dropped, "arrival": {q: arrived.get(q, closed) - closed for q in got}}
+    times = {"dropped": dropped, "arrival": {q: arrived.get(q, closed) - closed for q in got}, "walls": walls}
     return seen, times
 
 
@@ -196,6 +203,28 @@ def assert_arrivals_within_a_generous_tolerance(runs: dict) -> None:
     a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
     for q in b:
         assert abs(a[q] - b[q]) <= 5.0 + 1.0 * max(a[q], b[q]), (q, a[q], b[q])
+
+
+def assert_arrivals_in_slots(runs: dict, period: float, start: float, end: float, late: float) -> None:
+    """Under fixed slots on the epoch's grid (a trusted master, strata/turns.py): every S result message of
+    every run arrived in S's slot ``[start, end)`` of each ``period`` of the wall clock, give or take ``late``
+    (the reply's way from the master's turn to the client's thread)."""
+    for name in ("first", "with_ts", "without"):
+        phases = [w % period for w in runs[name][1]["walls"]]
+        assert phases, name
+        outside = [round(x, 3) for x in phases if not start <= x < end + late]
+        assert not outside, (name, outside, sorted(round(x, 3) for x in phases))
+
+
+def assert_arrivals_within_a_round(runs: dict, period: float) -> None:
+    """Each query's last result arrived (after the finish, made at the same phase of the round in each run)
+    within one round of its arrival without TS: when S's work fits in its slots, the same slot; a round
+    later when S's call waited behind an overrun of TS's (non-preemptive calls) or the machine's other load."""
+    a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
+    print("last arrivals after the finish, with TS:", {q: round(x, 3) for q, x in a.items()},
+          "without:", {q: round(x, 3) for q, x in b.items()})
+    for q in b:
+        assert abs(a[q] - b[q]) <= period + 0.1, (q, a[q], b[q])
 
 
 def test_results_equal_the_reference(runs):

@@ -356,6 +356,8 @@ def test_the_replies_say_what_was_shed(tmp_path, battlefield):
 
 
 # ---- end to end: strata up --levels S,TS, TS overloaded ------------------------------------------------
+# (the trusted mode's counterpart, one master process and one worker for S and TS: tests/test_trusted_e2e.py,
+# whose cluster sheds and whose S-with-and-without-TS runs overload TS)
 #: both levels shed at a backlog of 60 rows (a tuple counts once per query reading it); S's whole input is 24
 #: tuples read by 2 queries (48 rows), so S can never reach the bound, whatever its worker's speed
 E2E_TOML = BATTLEFIELD_TOML + '\n[limits]\noverload = "shed"\nshed_backlog_rows = 60\n'

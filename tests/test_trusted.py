@@ -7,7 +7,9 @@ refusals, the levels' parsing and the group view each level's dispatch gets.  No
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +23,7 @@ from strata.deploy.local import start_cluster
 from strata.errors import CliError
 from strata.examples import AUDIT_TOML, BATTLEFIELD_TOML
 from strata.master.pipeline import QueryPipeline
+from strata.master import trusted as trusted_mod
 from strata.master.trusted import LevelView, serve_trusted_master
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
@@ -42,12 +45,12 @@ def vitals(rows) -> pa.Table:
                      "sid": ["a"] * n, "bp": [100.0] * n, "pr": [1.0] * n, "weight": [1.0] * n})
 
 
-def serve(tmp, tls: bool, persist: bool = False) -> dict:
+def serve(tmp, tls: bool, persist: bool = False, extra_toml: str = "") -> dict:
     """A trusted master of S and TS in this process (no workers), TLS or not; with ``persist``, a state file
-    per level in ``tmp`` (a second call on the same ``tmp`` restores them)."""
+    per level in ``tmp`` (a second call on the same ``tmp`` restores them); ``extra_toml``: more settings."""
     cfg_path = tmp / "strata.toml"
     if not cfg_path.exists():
-        write_config(tmp, BATTLEFIELD_TOML, {"sam": "S", "tess": "TS", "cora": "C"})
+        write_config(tmp, BATTLEFIELD_TOML + extra_toml, {"sam": "S", "tess": "TS", "cora": "C"})
     cfg = load_config(cfg_path)
     tls_dir = tmp / "tls" if tls else None
     if tls:
@@ -204,6 +207,51 @@ def _ended(c) -> bool:
     except SessionEnded:
         return True
     return False
+
+
+def test_under_fixed_slots_each_levels_calls_and_dispatch_run_in_its_own_slots(tmp_path, monkeypatch):
+    """The trusted master takes turns (strata/turns.py): every call of a level's front, its dispatch steps and
+    checkpoints wait for the level's slot; the rounds lie on the epoch's grid (as in the trusted workers).
+    An S call made at the start of TS's slot returns only once S's next slot has opened."""
+    made = []
+    real = trusted_mod.make_turns
+
+    def capture(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(trusted_mod, "make_turns", capture)
+    slot = 0.1
+    m = serve(tmp_path, tls=False, persist=True,
+              extra_toml=f'\n[cluster]\nscheduler = "fixed_slot"\nslot_seconds = {slot}\n')
+    try:
+        turns = made[0]
+        assert turns.levels == ("S", "TS") and turns.period == 2 * slot
+        with client(m, "sam", "S") as s, client(m, "tess", "TS") as t:
+            s.register(["SELECT sid, COUNT(*) FROM Vitals [ROWS 3] GROUP BY sid"])
+            for i in range(3):
+                s.ingest([("Vitals", vitals([(i, "S")]))], labelled=True)
+                t.ingest([("Vitals", vitals([(i, "TS")]))], labelled=True)
+            late = []
+            for _ in range(5):  # an S call at the start of TS's slot (the round's second half) waits for S's
+                now = time.time()
+                ts_start = math.floor(now / turns.period) * turns.period + slot
+                if ts_start < now:
+                    ts_start += turns.period
+                time.sleep(ts_start + 0.01 - now)  # the test's own phase, not a synchronisation
+                s.status()
+                late.append(time.time() - (ts_start + slot))  # S's next slot opens at ts_start + slot
+            assert min(late) >= -0.005, late
+        # every admission of a level was in a slot of that level; the dispatch loops took turns too
+        assert turns.stats("S")["calls"] > 12 and turns.stats("TS")["calls"] > 10  # TS: 4 calls + loop steps
+        for lv in ("S", "TS"):
+            assert all(lv in runs for runs, _start, _end, _t0 in turns.admissions[lv])
+        wall_less_mono = time.time() - time.monotonic()
+        starts = [start + wall_less_mono for _runs, start, _end, _t0 in turns.admissions["S"]]
+        assert all(abs(x / turns.period - round(x / turns.period)) * turns.period < 0.005 for x in starts)
+    finally:
+        m["stop"].set()
+        m["thread"].join(15)
 
 
 def test_standby_calls_are_refused(plain_master):

@@ -1,4 +1,4 @@
-"""The trusted worker's scheduler (worker/turns.py, issue 33): levels take turns inside one process.
+"""The trusted processes' scheduler (strata/turns.py, issue 33): levels take turns inside one process.
 
 * The admission rule and the readings, step by step on a hand-driven clock (no thread).
 * A call of each policy on a real round thread with fake work (sleeps, short slots): who may start
@@ -26,7 +26,7 @@ from strata.examples import BATTLEFIELD_TOML
 from strata.master.pipeline import QueryPipeline
 from strata.scheduling import Scheduler
 from strata.worker.service import QuerySpecData, WorkerCore
-from strata.worker.turns import OVERLONG_START, Turns, make_turns
+from strata.turns import OVERLONG_START, Turns, grid_start, make_turns
 
 from .polling import wait_for
 
@@ -136,6 +136,30 @@ def test_make_turns_reads_the_cluster_settings():
         t.stop()
     assert make_turns(cfg.cluster, cfg.lattice, ("TS",)) is None
     assert make_turns(parse_config(BATTLEFIELD_TOML).cluster, cfg.lattice, ("S", "TS")) is None  # shared
+
+
+def test_grid_start_is_the_next_multiple_of_the_period_on_the_wall_clock():
+    assert grid_start(10.0, 0.5, 1000.2) == pytest.approx(10.3)  # wall 1010.2 -> 1010.5
+    assert grid_start(10.0, 0.5, 1000.0) == pytest.approx(10.0)  # on the grid already: now
+    assert grid_start(3.0, 0.75, -2.0) == pytest.approx(3.5)  # wall 1.0 -> 1.5
+
+
+def test_make_turns_puts_the_rounds_on_the_epochs_grid():
+    """Two processes' turns (a trusted master and its worker) open each level's fixed slot at the same
+    moments: every slot starts on a multiple of the round's length of the wall clock."""
+    cfg = parse_config(BATTLEFIELD_TOML + '\n[cluster]\nscheduler = "fixed_slot"\nslot_seconds = 0.05\n')
+    a, b = make_turns(cfg.cluster, cfg.lattice, ("S", "TS")), make_turns(cfg.cluster, cfg.lattice, ("TS", "S"))
+    try:
+        wait_for(lambda: a.rounds >= 3 and b.rounds >= 3, 10, "three rounds")
+        for t in (a, b):
+            with t.turn("TS"):
+                runs, start, end, _ = t.admissions["TS"][-1]
+            wall = start + time.time() - time.monotonic()
+            assert runs == ("TS",) and end - start == pytest.approx(0.05)
+            assert abs(wall - 0.05 - round((wall - 0.05) / 0.1) * 0.1) < 0.005  # S's slot first, then TS's
+    finally:
+        a.stop()
+        b.stop()
 
 
 # ---- each policy on a real round thread, fake work ---------------------------------------------------------

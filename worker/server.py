@@ -21,7 +21,7 @@ from strata.tls import PeerCheck, peer_identity, server_credentials
 from .assemble import describe_error, is_infrastructure_error
 from .load import make_load, spark_executor_samples
 from .service import QuerySpecData, WorkerCore, WorkerFenced, WorkerRefused, one_line
-from .turns import make_turns
+from strata.turns import make_turns
 from .spark import get_session
 
 __all__ = ["WorkerServicer", "serve_worker"]
@@ -186,7 +186,7 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     core.turns = make_turns(config.cluster, config.lattice, core.levels)  # a trusted worker's scheduler, or None
     if core.turns is not None:
         print(f"[strata] worker: levels {', '.join(core.turns.levels)} take turns: {config.cluster.scheduler}, "
-              f"{config.cluster.slot_seconds:g} s slots (worker/turns.py)", file=sys.stderr, flush=True)
+              f"{config.cluster.slot_seconds:g} s slots (strata/turns.py)", file=sys.stderr, flush=True)
     core.startup = {"session_seconds": round(t_session, 3), "warmup": warm}
     servicer = WorkerServicer(core, spec.key)
     creds, interceptors = None, ()

@@ -84,7 +84,7 @@ class WorkerCore:
         self.refused: Counter = Counter()
         self.busy_seconds = 0.0
         self.epoch = 0  # the highest master epoch seen in a signed Execute (0: none; masters without standbys)
-        #: a trusted worker's scheduler (worker/turns.py, ``[cluster] scheduler``): when each level's calls
+        #: a trusted worker's scheduler (strata/turns.py, ``[cluster] scheduler``): when each level's calls
         #: run; None: no gate (a worker of one level, or ``shared``: the levels' calls run concurrently)
         self.turns = None
 

@@ -1,4 +1,6 @@
-"""Turns: the trusted worker's scheduler of the levels it serves (issue 33; dissertation §5.4, §6.4, §9.1.5).
+"""Turns: how the levels served by one trusted process take turns in it (issue 33; dissertation §5.4,
+§6.4, §9.1.5).  Used by the trusted worker (worker/server.py: each level's ``Execute`` calls) and the
+trusted master (master/trusted.py: each level's dispatch steps, result merges and ingest batches).
 
 A trusted worker (docs/trusted.md) executes the chunks of every level it serves in one process and
 one Spark session.  Without a scheduler (``[cluster] scheduler = "shared"``) the levels' calls run
@@ -32,11 +34,20 @@ levels still share inside the process (the interpreter's lock while a call's Pyt
 JVM's garbage collector).  tests/test_turns.py measures it: with a real Spark session, a lower level's
 waits for its turn with and without a higher level's load under each policy.
 
+**One grid for master and workers.**  :func:`make_turns` starts the first round on a grid of the
+round's length anchored at the epoch (``time.time()``; the turns then run on the monotonic clock), so
+under ``fixed_slot`` a trusted master and its workers (one host, or hosts whose clocks NTP keeps
+within a few milliseconds) open each level's slot at the same moments: a level's chunk sent at the
+start of its slot is computed in the same slot and its result merged there, instead of waiting for
+the worker's and then the master's next slot.  The other policies' plans follow each process's own
+readings, so only their first round is aligned.
+
 The module is plain logic over a clock and a condition variable: no Spark, no gRPC.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -46,7 +57,7 @@ from typing import Callable
 
 from strata.scheduling import Reading, Scheduler, linear_levels
 
-__all__ = ["Turns", "ESTIMATE_CALLS", "ESTIMATE_MARGIN", "OVERLONG_START", "make_turns"]
+__all__ = ["Turns", "ESTIMATE_CALLS", "ESTIMATE_MARGIN", "OVERLONG_START", "grid_start", "make_turns"]
 
 #: a level's estimate of its next call: the longest of its last this many calls
 ESTIMATE_CALLS = 8
@@ -54,6 +65,13 @@ ESTIMATE_CALLS = 8
 ESTIMATE_MARGIN = 1.25
 #: a call expected to outlast all the time to its deadline starts only in this first share of its slot
 OVERLONG_START = 0.1
+
+
+def grid_start(now: float, period: float, wall_minus_clock: float) -> float:
+    """The first time at or after ``now`` (the turns' clock) that falls on a grid of ``period`` seconds
+    anchored at the epoch; ``wall_minus_clock``: the wall clock's reading less the turns' clock's."""
+    wall = now + wall_minus_clock
+    return math.ceil(wall / period - 1e-9) * period - wall_minus_clock
 
 
 @dataclass
@@ -69,14 +87,20 @@ class _Current:
 class Turns:
     """When each level's calls may run in one trusted worker (module docstring).
 
-    ``scheduler``: the plan maker (its policy is not ``shared``); ``clock``: monotonic seconds.
-    :meth:`start` runs the rounds in a thread; :meth:`turn` is what a call waits in."""
+    ``scheduler``: the plan maker (its policy is not ``shared``); ``clock``: monotonic seconds;
+    ``wall``: when given (``time.time``), the rounds start on a grid of the round's length anchored at
+    the epoch of that clock (:func:`grid_start`; module docstring).  :meth:`start` runs the rounds in a
+    thread; :meth:`turn` is what a call waits in."""
 
-    def __init__(self, scheduler: Scheduler, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, scheduler: Scheduler, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] | None = None):
         if scheduler.policy == "shared":
             raise ValueError("the shared policy has no turns: the levels' calls run concurrently")
         self.scheduler = scheduler
         self.clock = clock
+        self.wall = wall
+        #: the grid's period: a fixed-slot round (each level's slot once)
+        self.period = len(scheduler.levels) * scheduler.slot_seconds
         self.levels = scheduler.levels
         self._cond = threading.Condition()
         self._current = _Current()
@@ -121,12 +145,21 @@ class Turns:
             self._current = _Current(tuple(runs), start, end, tuple(after), end if round_end is None else round_end)
             self._cond.notify_all()
 
+    def first_start(self) -> float:
+        """When the next round may start: now, or with a wall clock the next point of the grid."""
+        now = self.clock()
+        if self.wall is None:
+            return now
+        return grid_start(now, self.period, self.wall() - now)
+
     def _loop(self) -> None:
-        next_start = self.clock()
+        next_start = self.first_start()
         while not self._stop.is_set():
             plan = self.plan_round(next_start)
             timeline = plan.timeline()
             for i, (start, end, runs) in enumerate(timeline):
+                while not self._stop.is_set() and start - self.clock() > 0:  # a round on the grid: not yet
+                    self._stop.wait(start - self.clock())
                 self.late_edges.append(max(0.0, self.clock() - start))
                 self.open_slot(runs, start, end, timeline[i + 1:], plan.end)
                 while not self._stop.is_set():
@@ -138,7 +171,7 @@ class Turns:
                     break
             next_start = plan.end
             if self.clock() - next_start > self.scheduler.slot_seconds:  # far behind (a stall): restart now
-                next_start = self.clock()
+                next_start = self.first_start()
 
     def start(self) -> "Turns":
         self._thread = threading.Thread(target=self._loop, name="level-turns", daemon=True)
@@ -233,8 +266,9 @@ class Turns:
 
 
 def make_turns(cluster, lattice, levels, seed: int | None = None) -> Turns | None:
-    """The turns of a trusted worker serving ``levels`` by ``[cluster]`` (``cluster``: the settings'
-    section: scheduler, slot_seconds, the penalties), started; None under ``shared`` or for one level."""
+    """The turns of a trusted process (worker or master) serving ``levels`` by ``[cluster]`` (``cluster``:
+    the settings' section: scheduler, slot_seconds, the penalties), on the epoch's grid, started; None
+    under ``shared`` or for one level."""
     if cluster.scheduler == "shared" or len(levels) < 2:
         return None
     sched = Scheduler(cluster.scheduler, linear_levels(lattice, levels), lattice.leq,
@@ -242,4 +276,4 @@ def make_turns(cluster, lattice, levels, seed: int | None = None) -> Turns | Non
                       # the levels' processes are never stopped here (heartbeats go on): no level is due
                       max_pause=float("inf"), threshold=cluster.penalty_threshold,
                       share=cluster.penalty_share, rounds=cluster.penalty_rounds, seed=seed)
-    return Turns(sched).start()
+    return Turns(sched, wall=time.time).start()
