@@ -126,6 +126,8 @@ class MasterCore:
         self.revocations = 0
         self.input_rejected: dict[str, int] = {}  # refused batches and calls (reason → n)
         self.group_rejected = None  # callable → Counter of refused heartbeats (set by the server)
+        #: a trusted master's turns: callable → this level's own figures (strata/turns.py ``Turns.stats``)
+        self.turn_stats = None
         self.last_input_ts: int | None = None  # the largest instant of a kept (accepted) row
         #: exactly-once ingest: producer ("user/id") -> the largest batch seq in the log (its high-water mark)
         self.producers: dict[str, int] = {}
@@ -614,6 +616,14 @@ class MasterCore:
             return info.shown_state, info.error
 
     # -- status -------------------------------------------------------------------------------------
+    def _turn_timings(self) -> dict[str, float]:
+        """A trusted master's turns of this level, its own figures only (``turns_calls``, ``turns_waited_ms``,
+        ``turns_overruns``, ``turns_overrun_ms``); none without turns."""
+        if self.turn_stats is None:
+            return {}
+        st = self.turn_stats()
+        return {f"turns_{k}": float(st.get(k, 0)) for k in ("calls", "waited_ms", "overruns", "overrun_ms")}
+
     def status(self, user: str | None = None, cluster: bool = True) -> dict:
         """What a session may read: the level and ``user``'s own queries; with ``cluster`` (operators)
         also workers, loads, backlog, lag, timings, counters and refusals.  Nothing here depends
@@ -642,7 +652,7 @@ class MasterCore:
                 "rejected": dict(self.input_rejected)
                 | {f"transport:{k}": v for k, v in self.refused.items()}
                 | {f"multicast:{k}": v for k, v in (self.group_rejected() if self.group_rejected else {}).items()},
-                "timings": self.timings.summary(),
+                "timings": self.timings.summary() | self._turn_timings(),
                 "histograms": self.timings.histograms(),
                 "switches": [sw.view(self.pipeline.chunker.closed_until)
                              for sw in self.pipeline.chunker.shields.switches.values()],

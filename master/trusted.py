@@ -282,6 +282,9 @@ def serve_trusted_master(config, levels, listen: str, spec, users, chunk_instant
     if turns is not None:
         print(f"[strata] master: levels {', '.join(turns.levels)} take turns: {config.cluster.scheduler}, "
               f"{config.cluster.slot_seconds:g} s slots (strata/turns.py)", file=sys.stderr, flush=True)
+    if turns is not None:  # each level's operators read the level's own turn figures (status timings)
+        for lv, p in parts.items():
+            p.core.turn_stats = functools.partial(turns.stats, lv)
     server = TrustedServer(parts, config.lattice, listen, credentials=creds, turns=turns)
     address = server.address
     loops = TrustedLoops(parts, users, spec, address, tls_dir, turns=turns)

@@ -242,6 +242,10 @@ def test_under_fixed_slots_each_levels_calls_and_dispatch_run_in_its_own_slots(t
                 s.status()
                 late.append(time.time() - (ts_start + slot))  # S's next slot opens at ts_start + slot
             assert min(late) >= -0.005, late
+            # each level's operators read its own turn figures (volatile: the status's timings)
+            tim_s, tim_t = s.status().timings, t.status().timings
+            assert tim_s["turns_calls"] > 5 and tim_t["turns_calls"] > 2 and tim_s["turns_waited_ms"] > 0
+            assert tim_s["turns_calls"] != tim_t["turns_calls"]
         # every admission of a level was in a slot of that level; the dispatch loops took turns too
         assert turns.stats("S")["calls"] > 12 and turns.stats("TS")["calls"] > 10  # TS: 4 calls + loop steps
         for lv in ("S", "TS"):
