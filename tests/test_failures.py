@@ -1,4 +1,7 @@
-"""Worker failure during a run: kill -9 a worker mid-stream; the output still equals the reference."""
+"""Worker failure during a run: kill -9 a worker mid-stream; the output still equals the reference.
+
+Both faults run on one cluster of two TS workers (:func:`warm_two`), each on a fresh master: the stall
+first (its victim comes back and rejoins), then the kill (its victim is gone for good)."""
 
 from __future__ import annotations
 
@@ -12,13 +15,13 @@ import pyarrow as pa
 import pytest
 
 from strata.client import Client
-from strata.deploy.local import start_cluster, stop_cluster
 from strata.config import parse_config
 
 from .conftest import BATTLEFIELD_TOML
+from .polling import wait_for
 from .reference.evaluator import compare_results, evaluate
 from .tables import collect_in_background
-from .helpers import PASSWORD, write_config
+from .helpers import PASSWORD, WarmCluster
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +40,27 @@ def _streams(n_instants=40):
     return {"Vitals": rows}
 
 
-@pytest.mark.parametrize("fault", ["kill", "stall"])
-def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
+@pytest.fixture(scope="module")
+def warm_two(tmp_path_factory):
+    """A TS cluster of two workers the faults below take in turn, each on a fresh master (the stall's victim
+    is back before the kill)."""
+    cluster = WarmCluster(tmp_path_factory.mktemp("failures"), BATTLEFIELD_TOML, "TS", 2)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.parametrize("fault", ["stall", "kill"])
+def test_worker_dies_or_stalls_mid_stream(warm_two, fault):
     """kill: SIGKILL. stall: SIGSTOP (no heartbeats, no replies) until the master has given up on it,
     then SIGCONT: its late result for the re-dispatched chunk is discarded as a duplicate."""
-    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
-    state = tmp_path / "state"
     stop_pacing = threading.Event()
-    masters = start_cluster(str(cfg_path), ["TS"], 2, state)
+    masters = warm_two.renew({"ann": "TS"})
     try:
-        workers = [p for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "worker"]
+        workers = [p for p in json.loads((warm_two.state / "cluster.json").read_text())["processes"]
+                   if p["role"] == "worker"]
         c = Client(masters["masters"]["TS"], tls_dir=masters["tls_dir"], level="TS")
         c.login("ann", PASSWORD, "TS")
+        wait_for(lambda: len(c.status().workers) == 2, 30, "both workers in the fresh master's table")
         regs = c.register(QUERIES)
         got, ended = collect_in_background(c, [r.query_id for r in regs])
         streams = _streams()
@@ -104,4 +116,3 @@ def test_worker_dies_or_stalls_mid_stream(tmp_path, fault):
         c.close()
     finally:
         stop_pacing.set()
-        stop_cluster(state)
