@@ -132,16 +132,17 @@ def test_a_worker_compiles_with_the_schemas_a_chunk_carries(battlefield):
 
 # ---- through the CLI against a running cluster, a master restart in between --------------------------
 @pytest.mark.slow
-def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path):
-    from strata.deploy.local import restart_process, start_cluster, stop_cluster
+def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path, warm_s):
+    """On a fresh master of the warm S cluster (conftest.py ``warm_s``; the stream added here lives in this
+    master's state only: the next fresh master starts without it)."""
+    from strata.deploy.local import restart_process
 
     from .polling import wait_for
     from .reference.evaluator import compare_results, evaluate
-    from .helpers import PASSWORD, alive, write_config
+    from .helpers import PASSWORD, alive
 
-    cfg_path = write_config(tmp_path, BATTLEFIELD_TOML, {"ann": "TS"})
-    state = tmp_path / "state"
-    started = start_cluster(str(cfg_path), ["S"], 1, state)
+    started = warm_s.renew({"ann": "TS"})
+    cfg_path, state = started["config"], started["state"]
     env = {**os.environ, "STRATA_PASSWORD": PASSWORD}
     follower = None
     try:
@@ -175,7 +176,8 @@ def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path):
         assert r.returncode == 0, r.stderr
         r = strata("advance", "--upto", "4")
         assert r.returncode == 0, r.stderr
-        master = next(p for p in json.loads((state / "cluster.json").read_text())["processes"] if p["role"] == "master")
+        master = next(p for p in json.loads((state / "cluster.json").read_text())["processes"]
+                      if p["role"] == "master" and p["level"] == "S")
         os.kill(master["pid"], signal.SIGKILL)
         wait_for(lambda: not alive(master["pid"]), 10, "the master to die")
         restart_process(state, master["name"])
@@ -194,4 +196,3 @@ def test_streams_add_through_the_cli_survives_a_master_restart(tmp_path):
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()
-        stop_cluster(state)
