@@ -156,16 +156,21 @@ class AioMaster(rpc.MasterServicer):
         async for record in self.replication.follow(request_iterator, context):
             yield record
 
-    async def _run(self, pool, context, fn, *args):
-        """``fn(*args)`` on a pool thread (in the level's turn, with turns); an abort it asks for aborts the call."""
-        call = functools.partial(fn, *args) if self.turn is None else functools.partial(self._in_turn, fn, *args)
+    async def _run(self, pool, context, fn, *args, turn: str | None = "call"):
+        """``fn(*args)`` on a pool thread (with turns, in the level's turn as work of kind ``turn``: ``call``,
+        ``ingest``, ``message``; None: no turn, a mere look at the core's memory); an abort it asks for aborts
+        the call."""
+        if self.turn is None or turn is None:
+            call = functools.partial(fn, *args)
+        else:
+            call = functools.partial(self._in_turn, turn, fn, *args)
         try:
             return await self.loop.run_in_executor(pool, call)
         except _Abort as a:
             await context.abort(a.code, a.details)
 
-    def _in_turn(self, fn, *args):
-        with self.turn():
+    def _in_turn(self, kind: str, fn, *args):
+        with self.turn(kind):
             return fn(*args)
 
     async def _unary(self, name: str, request, context):
@@ -233,7 +238,11 @@ class AioMaster(rpc.MasterServicer):
             open_ids = list(qids)
             while open_ids:
                 try:
-                    released, ended = await self._run(self.calls, context, self.core.wait_results, open_ids, cursor, 0.0)
+                    # a look at what is there (no turn: an idle subscriber does not wait for its level's slot
+                    # every half second, which would read as work to a round-robin plan); the encoding of each
+                    # message below is in the level's turn
+                    released, ended = await self._run(self.calls, context, self.core.wait_results, open_ids, cursor,
+                                                      0.0, turn=None)
                 except ResultsGone as e:  # a reader slower than the retention: told, never a silent gap
                     await context.abort(grpc.StatusCode.OUT_OF_RANGE, one_line(e))
                 if not released and not ended:
@@ -244,7 +253,7 @@ class AioMaster(rpc.MasterServicer):
                 for r in released:
                     if r.last_ts <= after:
                         continue
-                    msg = await self._run(self.calls, context, self.sync.result_message, r, after)
+                    msg = await self._run(self.calls, context, self.sync.result_message, r, after, turn="message")
                     # re-checked before every message: nothing is sent once the session or role is gone
                     await self._check(context, ctx, ("analyst",), "Subscribe", token)
                     yield msg  # a slow reader waits here, on its own stream's flow control
@@ -283,7 +292,7 @@ class AioMaster(rpc.MasterServicer):
             reply = pb.IngestReply()
             async for batch in request_iterator:
                 await self._backlog_wait(context, batch)
-                ok = await self._run(self.ingest, context, self.sync.add_batch, reply, ctx, token, batch)
+                ok = await self._run(self.ingest, context, self.sync.add_batch, reply, ctx, token, batch, turn="ingest")
                 if not ok:
                     break
             return reply
@@ -297,7 +306,7 @@ class AioMaster(rpc.MasterServicer):
             async for batch in request_iterator:
                 n += 1
                 await self._backlog_wait(context, batch)
-                ack = await self._run(self.ingest, context, self.sync.ack_batch, batch, n, ctx, token)
+                ack = await self._run(self.ingest, context, self.sync.ack_batch, batch, n, ctx, token, turn="ingest")
                 yield ack
                 if ack.error:
                     return

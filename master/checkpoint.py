@@ -150,7 +150,7 @@ class Checkpointer:
             try:
                 if not self.core.checkpoint_due():
                     continue
-                with self.turn():
+                with self.turn("checkpoint"):
                     done = self.core.checkpoint()
                     log.info("checkpoint at event %s: %s", done["upto_seq"], done)
             except Exception as e:  # noqa: BLE001 - the log stays whole; try again later

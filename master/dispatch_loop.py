@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 import grpc
@@ -61,6 +62,9 @@ class DispatchLoop:
         self.on_fenced = on_fenced
         self.turn = turn
         self._replies: deque = deque()  # with turns: replies waiting for the level's next step
+        self._dirty = threading.Event()  # with turns: the core changed since the last step began
+        if turn is not None:
+            core.changes.attach(self)
         self._executes: dict[str, object] = {}  # worker -> its Execute (serialized requests)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dispatch", daemon=True)
@@ -71,6 +75,8 @@ class DispatchLoop:
 
     def stop(self):
         self._stop.set()
+        if self.turn is not None:
+            self.core.changes.detach(self)
         self.core.changes.notify()  # wakes the loop if it waits for a change
         self._thread.join(timeout=5)
 
@@ -111,19 +117,39 @@ class DispatchLoop:
             except (TypeError, ValueError) as e:
                 limited.warning("heartbeat", "heartbeat of %s not used: %s", sid, one_line(e))
 
+    #: with turns: an idle loop still steps this often (heartbeats into Algorithm 5, overdue units)
+    IDLE_STEP_SECONDS = 1.0
+
+    def notify(self) -> None:
+        """The core changed (with turns: attached to ``core.changes``).  A change the loop's own step makes
+        (heartbeats fed in, replies merged, units assigned) is not news to it: only another thread's is."""
+        if threading.current_thread() is not self._thread:
+            self._dirty.set()
+
     def _run(self) -> None:
+        last = 0.0
         while not self._stop.is_set():
             try:
                 if self.turn is None:
                     sent = self._step()
-                else:
-                    with self.turn():
+                elif self._dirty.is_set() or self._replies or time.monotonic() - last >= self.IDLE_STEP_SECONDS:
+                    # with turns, only a step with something to do waits for the level's slot (a loop waiting
+                    # there all the time would read as work to a round-robin plan)
+                    self._dirty.clear()
+                    with self.turn("dispatch"):
                         sent = self._step()
+                    last = time.monotonic()
+                else:
+                    sent = []
             except Exception:  # noqa: BLE001 - the dispatch thread never dies: log, wait a little, go on
                 limited.exception("dispatch", "dispatch step failed; continuing")
                 sent = []
-            if not sent:
+            if sent:
+                continue
+            if self.turn is None:
                 self.core.wait_change(0.05)
+            else:
+                self._dirty.wait(0.05)
 
     def _step(self) -> list:
         while self._replies:  # (with turns) the replies that came in since the last step

@@ -211,7 +211,8 @@ class TrustedFront(rpc.MasterServicer):
 
 
 def level_turn(turns, level: str):
-    """``level``'s turn (a context manager factory) in ``turns``; None without turns."""
+    """``level``'s turn in ``turns``: ``turn(kind)`` a context manager (each kind of work estimated from its
+    own past: ``call``, ``ingest``, ``message``, ``dispatch``, ``checkpoint``); None without turns."""
     return None if turns is None else functools.partial(turns.turn, level)
 
 
@@ -296,6 +297,8 @@ def serve_trusted_master(config, levels, listen: str, spec, users, chunk_instant
     def cleanup():
         if turns is not None:  # every waiting call runs at once: nothing waits for a slot while stopping
             turns.stop()
+            print(f"[strata] master: turns of each level: {({lv: turns.stats(lv) for lv in turns.levels})}",
+                  file=sys.stderr, flush=True)
         loops.stop()
         server.stop(grace=2)
         for p in parts.values():

@@ -109,6 +109,9 @@ class Turns:
         self._busy: dict[str, float] = {lv: 0.0 for lv in self.levels}  # seconds its calls ran this round
         self._run_from: dict[str, float] = {}  # a level with calls running: since when (this round)
         self._recent: dict[str, deque] = {lv: deque(maxlen=ESTIMATE_CALLS) for lv in self.levels}
+        #: the recent calls of other kinds of a level's work ((level, kind) -> durations): each kind is
+        #: estimated from its own past (a trusted master's checkpoints are longer than its ingest batches)
+        self._kinds: dict[tuple[str, str], deque] = {}
         self._stats: dict[str, Counter] = {lv: Counter() for lv in self.levels}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -187,9 +190,15 @@ class Turns:
             self._thread.join(timeout=2)
 
     # ---- a call -----------------------------------------------------------------------------
-    def estimate(self, level: str) -> float:
-        """The level's estimate of its next call: the longest of its last calls (0: none yet)."""
-        recent = self._recent[level]
+    def _past(self, level: str, kind: str) -> deque:
+        if kind == "call":
+            return self._recent[level]
+        return self._kinds.setdefault((level, kind), deque(maxlen=ESTIMATE_CALLS))
+
+    def estimate(self, level: str, kind: str = "call") -> float:
+        """The level's estimate of its next call of ``kind``: the longest of its last calls of that kind
+        (0: none yet)."""
+        recent = self._past(level, kind)
         return max(recent) if recent else 0.0
 
     def deadline(self, level: str) -> float:
@@ -206,21 +215,21 @@ class Turns:
             return float("inf")
         return cur.round_end
 
-    def may_start(self, level: str, now: float) -> bool:
-        """Whether a call of ``level`` may start at ``now`` (the condition held)."""
+    def may_start(self, level: str, now: float, kind: str = "call") -> bool:
+        """Whether a call of ``level`` (of ``kind``) may start at ``now`` (the condition held)."""
         cur = self._current
         if level not in cur.runs or now >= cur.end:
             return False
         stretch = self.deadline(level) - cur.start
-        need = ESTIMATE_MARGIN * self.estimate(level)
+        need = ESTIMATE_MARGIN * self.estimate(level, kind)
         if need <= stretch:
             return self.deadline(level) - now >= need
         return now - cur.start <= OVERLONG_START * (cur.end - cur.start)  # too long for it: only at the slot's start
 
     @contextmanager
-    def turn(self, level: str):
-        """Wait for ``level``'s turn, then run the body as its call (timed for its estimate and its
-        reading).  Once :meth:`stop` ped, calls run at once."""
+    def turn(self, level: str, kind: str = "call"):
+        """Wait for ``level``'s turn, then run the body as its call (timed for the estimate of its ``kind``
+        and for the level's reading).  Once :meth:`stop` ped, calls run at once."""
         if level not in self._recent:
             raise ValueError(f"no turns for level {level}")
         t_wait = now = self.clock()
@@ -229,7 +238,7 @@ class Turns:
             try:
                 while not self._stop.is_set():
                     now = self.clock()
-                    if self.may_start(level, now):
+                    if self.may_start(level, now, kind):
                         break
                     cur = self._current
                     # wake at the slot's edge, or when a slot opens (notify)
@@ -254,7 +263,7 @@ class Turns:
                 self._running[level] -= 1
                 if not self._running[level]:
                     self._busy[level] += t1 - self._run_from.pop(level, t1)
-                self._recent[level].append(t1 - t0)
+                self._past(level, kind).append(t1 - t0)
                 if t1 > slot_end and not self._stop.is_set():  # (never for the bottom level: no deadline)
                     st["overruns"] += 1
                     st["overrun_ms"] += round((t1 - slot_end) * 1000)

@@ -216,15 +216,19 @@ def assert_arrivals_in_slots(runs: dict, period: float, start: float, end: float
         assert not outside, (name, outside, sorted(round(x, 3) for x in phases))
 
 
-def assert_arrivals_within_a_round(runs: dict, period: float) -> None:
+def assert_arrivals_within_rounds(runs: dict, period: float, rounds: int) -> None:
     """Each query's last result arrived (after the finish, made at the same phase of the round in each run)
-    within one round of its arrival without TS: when S's work fits in its slots, the same slot; a round
-    later when S's call waited behind an overrun of TS's (non-preemptive calls) or the machine's other load."""
+    within ``rounds`` rounds of its arrival without TS.  Under fixed slots S's last chunk is computed and
+    merged in S's slots only, so arrivals step by whole rounds: the same slot when S's work fits in it in
+    both runs, a round apart when S's call ends just past its slot's edge in one run only (its duration
+    varies with the machine's other load, and a TS call that overran its deadline shares the worker with
+    it: calls are not pre-empted, strata/turns.py).  Measured on the 2-core VM at load 2-3.5: 0.01-0.09 s
+    apart (0.706-0.799 s after the finish in every run)."""
     a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
     print("last arrivals after the finish, with TS:", {q: round(x, 3) for q, x in a.items()},
           "without:", {q: round(x, 3) for q, x in b.items()})
     for q in b:
-        assert abs(a[q] - b[q]) <= period + 0.1, (q, a[q], b[q])
+        assert abs(a[q] - b[q]) <= rounds * period + 0.1, (q, a[q], b[q])
 
 
 def test_results_equal_the_reference(runs):

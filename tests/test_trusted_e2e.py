@@ -11,9 +11,10 @@ run without (status compared as tests/helpers.py ``stable``), the S results equa
 do the TS results over the TS input TS kept.  Arrival times, under ``fixed_slot`` (the trusted master and
 worker take turns on one grid of the wall clock, strata/turns.py): every S result message of every run
 arrives in one of S's slots, and the operator's finish is made at the same phase of the round in every
-run (in TS's slot), after which each S query's last result arrives within one round of its arrival
-without TS (the same slot when S's work fits in it; a round later when an S call waited behind an
-overrunning TS call, which the turns do not pre-empt, or the machine's other load).  Each run starts from
+run (in TS's slot), after which each S query's last result arrives within one round (0.5 s) of its
+arrival without TS (arrivals step by whole rounds: the same slot when S's work fits in it, as measured
+on a quiet machine, a round later when S's call ends past the slot's edge in one run only;
+test_level_safety.py ``assert_arrivals_within_rounds`` has the measurements).  Each run starts from
 an empty master (its state files removed, ``renew_master``) on the warm worker.
 
 The same runs are the trusted mode's load-shedding test (docs/semantics.md §10): the cluster runs with
@@ -213,9 +214,9 @@ def test_what_the_s_sessions_received(runs):
     safety.assert_results_equal_the_reference(seen, runs["config"])
 
 
-def test_s_results_arrive_in_s_slots_and_within_a_round_of_the_run_without_ts(runs):
-    safety.assert_arrivals_in_slots(runs, ROUND, 0.0, SLOT, late=0.05)
-    safety.assert_arrivals_within_a_round(runs, ROUND)
+def test_s_results_arrive_in_s_slots_and_within_rounds_of_the_run_without_ts(runs):
+    safety.assert_arrivals_in_slots(runs, ROUND, 0.0, SLOT, late=0.1)
+    safety.assert_arrivals_within_rounds(runs, ROUND, 1)
 
 
 def test_ts_sheds_and_its_output_equals_the_reference_over_the_tuples_it_kept(runs):

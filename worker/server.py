@@ -212,7 +212,8 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     def cleanup():
         if core.turns is not None:
             core.turns.stop()
-            log.info("turns: %s", {lv: core.turns.stats(lv) for lv in core.turns.levels})
+            print(f"[strata] worker: turns of each level: {({lv: core.turns.stats(lv) for lv in core.turns.levels})}",
+                  file=sys.stderr, flush=True)
         member.stop()
         server.stop(grace=2).wait()
 
