@@ -69,6 +69,28 @@ def test_compound_queries_parse_print_back_and_explain(battlefield):
     assert m.r2s == "RSTREAM" and [o.type for o in m.outputs] == ["string", "double"]
 
 
+def test_ctes_read_once_are_written_in_place():
+    """worker/engine.py inline_ctes: a CTE read exactly once as a FROM or JOIN item becomes a derived table
+    of the same name; one read twice, one followed by an alias (EXCEPT's ``d l``), one named in a qualifier
+    or only inside a string literal or a quoted identifier stays a CTE."""
+    from strata.worker.engine import inline_ctes
+
+    ctes = [("w0", "SELECT a FROM \x00t\x00"), ("r", "SELECT a FROM w0 WHERE b = 'FROM w0'"),
+            ("c", "SELECT * FROM r UNION ALL SELECT * FROM r"), ("lv", "SELECT * FROM c")]
+    kept, final = inline_ctes(ctes, "(SELECT * FROM lv) EXCEPT ALL (SELECT * FROM lv WHERE FALSE)")
+    assert kept == [("r", "SELECT a FROM (SELECT a FROM \x00t\x00) AS w0 WHERE b = 'FROM w0'"),
+                    ("lv", "SELECT * FROM (SELECT * FROM r UNION ALL SELECT * FROM r) AS c")]
+    assert final == "(SELECT * FROM lv) EXCEPT ALL (SELECT * FROM lv WHERE FALSE)"
+    aliased = [("d", "SELECT 1 AS x"), ("e", "SELECT 2 AS x")]
+    assert inline_ctes(aliased, "SELECT * FROM d l JOIN e ON l.x = e.x") == (
+        aliased, "SELECT * FROM d l JOIN e ON l.x = e.x")
+    quoted = [("d", "SELECT 'it\\'s FROM e' AS `x``FROM e`"), ("e", "SELECT * FROM d")]
+    assert inline_ctes(quoted, "SELECT * FROM e") == (
+        [], "SELECT * FROM (SELECT * FROM (SELECT 'it\\'s FROM e' AS `x``FROM e`) AS d) AS e")
+    unread = [("e", "SELECT 1 AS x")]
+    assert inline_ctes(unread, "SELECT 'FROM e' AS y") == (unread, "SELECT 'FROM e' AS y")
+
+
 @pytest.mark.parametrize("text,msg", [
     ("SELECT sid FROM Vitals UNION SELECT sid, bp FROM Vitals", "UNION: the SELECTs have 1 and 2 columns"),
     ("SELECT sid FROM Vitals EXCEPT SELECT bp FROM Vitals", "EXCEPT: column 1 is string in one SELECT and double"),
