@@ -495,6 +495,10 @@ class MasterCore:
         with self.cond:
             return self.dispatch.assignments(self._clock(), self.finished)
 
+    def has_ready(self) -> bool:
+        """Whether units wait for a worker (or for their linger to end): a dispatch step may send them."""
+        return bool(self.dispatch.ready)
+
     def on_result(self, chunk_id: int, sid: str, results: list[ChunkResult],
                   span: tuple[int, int] | None = None) -> list[Released]:
         """A worker's results for unit ``chunk_id``, split per cut chunk and merged in order

@@ -132,9 +132,12 @@ class DispatchLoop:
             try:
                 if self.turn is None:
                     sent = self._step()
-                elif self._dirty.is_set() or self._replies or time.monotonic() - last >= self.IDLE_STEP_SECONDS:
-                    # with turns, only a step with something to do waits for the level's slot (a loop waiting
-                    # there all the time would read as work to a round-robin plan)
+                elif self._dirty.is_set() or self._replies or self.core.has_ready() or \
+                        time.monotonic() - last >= self.IDLE_STEP_SECONDS:
+                    # with turns, only a step with something to do waits for the level's slot: news from another
+                    # thread, replies, or units waiting to be sent (a worker's free slot, a linger's end: no
+                    # notification says when); a loop waiting there all the time would read as work to a
+                    # round-robin plan
                     self._dirty.clear()
                     with self.turn("dispatch"):
                         sent = self._step()
