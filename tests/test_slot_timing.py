@@ -58,8 +58,10 @@ seven, below that residual's largest.  :data:`TOLERANCE` = 0.125 s, half a slot,
 The disk is kept out (the fixture :func:`state_dir`): the cluster's state lives in ``/dev/shm`` when it has
 room, as a device per level would give.  With the state on disk and a Spark suite beside it the
 fixed-slot paired difference measured +0.23 and +0.24 s (CI failed once on +0.15 s), in memory
-+0.036 s.  Over the tolerance, the fixed-slot measurement is taken once more and the second one
-asserted (both printed): a leaking gate shifts every measurement, a burst of other load seldom two.
++0.036 s.  Over the tolerance (or over the stopped shares' 0.03: a full suite once measured 0.485
+against 0.516 beside the other suite process, 0.031), the fixed-slot measurement is taken once more and
+the second one asserted (both printed): a leaking gate shifts every measurement, a burst of other load
+seldom two.
 The paired differences are printed with every run, as before.
 """
 
@@ -353,9 +355,10 @@ def test_a_higher_levels_load_does_not_move_a_lower_levels_timing_under_fixed_sl
         ts = TsLoad(cluster)
         s_master = next(p["pid"] for p in record["processes"] if p["role"] == "master" and p["level"] == "S")
         fixed, k = measure(s, s_results, ts, 1, s_master)
-        first = None
-        if abs(summary(fixed)["block_difference"]) > TOLERANCE:  # once more: a leak shows again, a burst not
-            first = summary(fixed)
+        first, st = None, summary(fixed)
+        # once more when either fixed-slot bound is passed: a leak shows again, a burst of other load seldom
+        if abs(st["block_difference"]) > TOLERANCE or abs(st["s_stopped"]["busy"] - st["s_stopped"]["idle"]) > 0.03:
+            first = st
             fixed, k = measure(s, s_results, ts, k, s_master)
 
         # stop the fixed-slot gate: every process runs again; then a round-robin gate, by hand
