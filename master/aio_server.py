@@ -90,7 +90,7 @@ class AioMaster(rpc.MasterServicer):
         client calls until :meth:`install` gives it one).  ``replication`` (master/standby.py
         :class:`~strata.master.standby.Node`): the master-to-master calls (Follow, Probe) and the gate
         of client calls (a standby refuses them); None: a master without standbys, as before.
-        ``turn()``: a context manager every pool call of this front waits in (a trusted master's turns
+        ``turn(kind)``: a context manager every pool call of this front waits in (a trusted master's turns
         of its level, strata/turns.py: the level's calls, batches and result messages run in its slots)."""
         self.peer_check = peer_check
         self.turn = turn

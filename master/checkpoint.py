@@ -129,7 +129,7 @@ class Checkpointer:
     stays whole and the next attempt comes after a minute."""
 
     def __init__(self, core, period: float = 0.5, retry_seconds: float = 60.0, turn=None):
-        """``turn()``: a context manager a checkpoint waits in (a trusted master's turns of the level)."""
+        """``turn(kind)``: a context manager a checkpoint waits in (a trusted master's turns of the level)."""
         self.core = core
         self.turn = turn or contextlib.nullcontext
         self.period = period

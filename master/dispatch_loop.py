@@ -52,7 +52,7 @@ class DispatchLoop:
                  epoch: int = 0, on_fenced=None, turn=None):
         """``epoch``: this master's epoch (a master with standbys; 0: none), signed into every Execute;
         ``on_fenced(detail)``: a worker refused it for a newer master's epoch (the master steps down);
-        ``turn()``: a context manager the level's work waits in (a trusted master's turns; None: none)."""
+        ``turn(kind)``: a context manager the level's work waits in (a trusted master's turns; None: none)."""
         self.core = core
         self.key = key
         self.member = member
