@@ -626,6 +626,10 @@ class MasterCore:
         if self.turn_stats is None:
             return {}
         st = self.turn_stats()
+        if st.get("policy") not in ("fixed_slot", "revised_fixed_slot"):
+            # under round robin and dynamic threshold a level's waits follow the higher levels' work (the open
+            # timing channel of docs/scheduling.md): shown in a status field they would be a value a session reads
+            return {}
         return {f"turns_{k}": float(st.get(k, 0)) for k in ("calls", "waited_ms", "overruns", "overrun_ms")}
 
     def status(self, user: str | None = None, cluster: bool = True) -> dict:
