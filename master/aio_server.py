@@ -31,7 +31,7 @@ from strata.errors import one_line
 from strata.groups import AUTH_HEADER
 from strata.rpc import strata_pb2 as pb
 from strata.rpc import strata_pb2_grpc as rpc
-from strata.serving import MAX_MESSAGE
+from strata.serving import MAX_MESSAGE, add_port
 
 from .admission import MAX_INGEST_BYTES
 from .notify import AsyncNotifier
@@ -349,11 +349,7 @@ class MasterServer:
         self.front = self.make_front()
         rpc.add_MasterServicer_to_server(self.front, self.server)
         host = self.listen.rsplit(":", 1)[0]
-        port = (self.server.add_secure_port(self.listen, self.credentials) if self.credentials is not None
-                else self.server.add_insecure_port(self.listen))
-        if port == 0:
-            raise OSError(f"cannot listen on {self.listen}")
-        return f"{host}:{port}"
+        return f"{host}:{add_port(self.server, self.listen, self.credentials)}"
 
     def make_front(self):
         """The servicer the server serves, built on its event loop (a trusted master's routes calls to one

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from .groups import group_spec
 from .logs import capture_output, flush_output
 from .tls import has_material
 
-__all__ = ["build_server", "run_until_stopped", "exit_now", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
+__all__ = ["build_server", "add_port", "run_until_stopped", "exit_now", "MAX_MESSAGE", "progress", "free_udp_port", "group_spec_of",
            "ready_writer", "server_tls", "add_process_options", "pid_alive", "start_logging"]
 
 MAX_MESSAGE = 256 * 1024 * 1024
@@ -44,10 +45,30 @@ def build_server(add_servicer: Callable, servicer, listen: str, credentials=None
     )
     add_servicer(servicer, server)
     host = listen.rsplit(":", 1)[0]
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    return server, f"{host}:{port}"
+    return server, f"{host}:{add_port(server, listen, credentials)}"
+
+
+#: how long a given port (a restart on its address, a deployment's kept port) is tried again while it is
+#: taken: a killed process's port in the ephemeral range can be held for a moment by another socket, even by
+#: a peer's own reconnect to it (Linux's TCP self-connect: a client's source port equal to the dead port)
+BIND_PATIENCE = 15.0
+
+
+def add_port(server, listen: str, credentials=None, patience: float = BIND_PATIENCE) -> int:
+    """Bind ``server`` (a grpc or grpc.aio server) to ``listen`` and return the port.  Port 0 is tried once;
+    a given port again every 0.2 s for ``patience`` seconds before :class:`OSError` says it is in use."""
+    deadline = time.monotonic() + (0.0 if listen.endswith(":0") else patience)
+    while True:
+        try:
+            port = server.add_secure_port(listen, credentials) if credentials is not None \
+                else server.add_insecure_port(listen)
+        except RuntimeError:  # grpcio >= 1.5x raises where older versions returned 0
+            port = 0
+        if port:
+            return port
+        if time.monotonic() >= deadline:
+            raise OSError(f"cannot listen on {listen}: the address is in use or not this host's")
+        time.sleep(0.2)
 
 
 def run_until_stopped(stop_event: threading.Event | None, on_ready: Callable[[], None] | None,

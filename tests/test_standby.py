@@ -694,8 +694,9 @@ def test_strata_up_standby_takes_over_a_killed_master_and_the_old_one_cannot_wri
         assert e.value.details().startswith("fenced: epoch 1 is older than epoch 2"), e.value.details()
         info = stub.Info(pb.Empty(), metadata=((AUTH_HEADER, sign_request(key, "TS", b"info")),), timeout=10)
         assert info.refused["stale_epoch"] >= 1
-        wlog = (state / "logs" / f"{worker['name']}.log").read_text(errors="replace")
-        assert "refused an Execute: fenced: epoch 1 is older than epoch 2" in wlog
+        wlog = state / "logs" / f"{worker['name']}.log"  # written by the worker's log pump: a moment later
+        wait_for(lambda: "refused an Execute: fenced: epoch 1 is older than epoch 2" in wlog.read_text(errors="replace"),
+                 10, "the worker's log line of the refusal")
         op.close()
     finally:
         for p in procs:
