@@ -742,7 +742,10 @@ class RayNode:
             dashboard_port=p["dashboard"], node_manager_port=p["node_manager"], object_manager_port=p["object_manager"],
             runtime_env_agent_port=p["runtime_env_agent"], metrics_agent_port=p["metrics_agent"],
             metrics_export_port=p["metrics_export"], dashboard_agent_listen_port=p["dashboard_agent_http"],
-            min_worker_port=lo, max_worker_port=hi, ray_client_server_port=None)
+            min_worker_port=lo, max_worker_port=hi, ray_client_server_port=None,
+            # no autoscaler monitor on the head: the scaler is the level's autoscaler, and Ray's (a Python
+            # process started before the raylet) only competed with the raylet's 30 s to register
+            no_monitor=True)
         if self.head:
             params.gcs_server_port = self.ports.gcs
         else:
@@ -768,12 +771,15 @@ class RayNode:
                 break
             except Exception as e:  # noqa: BLE001 - Ray gives its raylet a fixed 30 s to register
                 _kill_all(_descendants())
+                why = _startup_logs(self.temp_dir)  # Ray's own message rarely says why (its processes' logs do)
                 # a GCS that never answered: Ray then fails reading a gcs_server.err it no longer writes
                 if not any(s in str(e) for s in ("timed out during startup", "gcs_server.err")) or attempt == 2:
                     self._remove_short_dir()
                     raise RuntimeError(f"the Ray {'head' if self.head else 'node'} of level {self.level} at "
-                                       f"{self.node_ip} did not start: {e}") from e
-                log.warning("Ray node did not start (attempt %d of 2, host busy?): %s; retrying", attempt, e)
+                                       f"{self.node_ip} did not start after {time.monotonic() - t0:.0f} s: {e} "
+                                       f"[{why}]") from e
+                log.warning("Ray node did not start (attempt %d of 2, host busy?) after %.0f s: %s [%s]; retrying",
+                            attempt, time.monotonic() - t0, e, why)
         self.started_in = time.monotonic() - t0
         self.track()
         outside = listeners_outside([os.getpid()] + [p.pid for p in _descendants()], self.node_ip)
@@ -907,6 +913,7 @@ class LevelRayCluster:
             raise RuntimeError(f"cannot connect to the level's Ray cluster at {address}: {e}{hint}") from e
         self.info = dict(ctx.address_info)
         self.info.update(mode=self.mode, started_in=time.monotonic() - t0,
+                         node_started_in=self.node.started_in if self.node is not None else None,
                          ports=RayPorts(self.port, self.worker_ports).as_dict() if self.port else None)
         outside = listeners_outside([os.getpid()], self.node_ip)
         if outside and not self.bind_any:
@@ -1004,6 +1011,23 @@ class LevelRayCluster:
                 link.unlink()
             self._short_dir = None
         return [p.pid for p in alive]
+
+
+def _startup_logs(temp_dir: Path | None, lines: int = 4) -> str:
+    """The last warnings and errors in the GCS's and the raylet's logs of the latest Ray session under
+    ``temp_dir``: why a start-up failed (Ray's exception only says that it timed out)."""
+    if temp_dir is None:
+        return "no Ray temp dir"
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    out = []
+    for name in ("gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err"):
+        try:
+            text = (logs / name).read_text(errors="replace")
+        except OSError:
+            continue
+        picked = [ln.strip()[-240:] for ln in text.splitlines() if any(k in ln[:40] for k in (" W ", " E ", " C "))]
+        out.append(f"{name}: " + (" | ".join(picked[-lines:]) if picked else f"{len(text)} bytes, no warning"))
+    return "; ".join(out) or f"no GCS or raylet log in {logs}"
 
 
 def _descendants() -> list:

@@ -184,11 +184,12 @@ class Scaler:
         info = self.cluster.start()
         if after_ray is not None:
             after_ray()
-        log.info("Ray cluster of level %s (%s): gcs %s, node %s, namespace %s, temp dir %s, %s, up after %.1f s",
+        log.info("Ray cluster of level %s (%s): gcs %s, node %s, namespace %s, temp dir %s, %s, up after %.1f s%s",
                  self.level, self.cluster.mode, info.get("gcs_address"), info.get("node_ip_address"),
                  self.cluster.namespace, self.cluster.temp_dir,
                  "joined through this host's node" if self.cluster.mode == "join"
-                 else f"{self.cluster.num_cpus} CPUs here", info.get("started_in") or 0.0)
+                 else f"{self.cluster.num_cpus} CPUs here", info.get("started_in") or 0.0,
+                 f" (the head node {info['node_started_in']:.1f} s)" if info.get("node_started_in") else "")
         spec = {"config": str(Path(self.opts.config).resolve()), "state_dir": str(self.state_dir),
                 "tls_dir": self.opts.tls_dir if self.tls_dir else None, "insecure": self.opts.insecure,
                 "multicast_port": self.multicast_port, "spark_master": self.opts.spark_master,

@@ -37,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,9 +97,11 @@ state_dir = "{state}/a"
 levels = {{ S = {{ workers = 1, master = true }} }}
 """
 
-# The client: runs on host a (the root namespace has no route to the bridge).  Keeps a backlog in
-# front of the group until the test says "go", then lets it drain, finishes the input and writes
-# every row it ingested and every result row it received.
+# The client: runs on host a (the root namespace has no route to the bridge).  Started while the Ray
+# nodes start (its imports and log-in overlap theirs), it registers the queries, then waits for the
+# test's "feed" (host b's node is up) to keep a backlog in front of the group until the test says
+# "go", then lets it drain, finishes the input and writes every row it ingested and every result row
+# it received.
 DRIVER = r"""
 import json, os, sys, time
 sys.path.insert(0, os.getcwd())
@@ -123,6 +126,11 @@ def client():
 c, sub = client(), client()
 qids = [r.query_id for r in c.register(queries)]
 got, ended = collect_in_background(sub, qids)
+first = {w.sid for w in c.status().workers}
+note(phase="ready", workers=sorted(first), wall=time.time())
+deadline = time.monotonic() + 600
+while not os.path.exists(os.path.join(work, "feed")) and time.monotonic() < deadline:
+    time.sleep(0.05)
 first = {w.sid for w in c.status().workers}
 note(phase="start", workers=sorted(first))
 vitals, ts = [], 0
@@ -164,7 +172,7 @@ while new and time.monotonic() < deadline:
     else:
         note(phase="drained", sid=new, workers=[(x.sid, x.chunks_done) for x in st.workers])
         break
-    time.sleep(0.2)
+    time.sleep(0.1)
 c.advance(finish=True)
 done = ended.wait(300)
 note(phase="finished", ended=done)
@@ -242,7 +250,7 @@ def _wait_file(path: Path, proc: subprocess.Popen, log: Path, timeout: float, wh
             raise AssertionError(f"{what} exited ({proc.returncode}):\n{text[-4000:]}")
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"{what}: no {path.name} within {timeout:.0f} s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
+        time.sleep(0.1)
     return time.monotonic() - t0
 
 
@@ -253,22 +261,31 @@ def _progress(work: Path) -> list[dict]:
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
 
 
-def _stop(proc: subprocess.Popen | None, grace: float = 90) -> int | str | None:
-    """SIGTERM, then (after ``grace`` s) SIGKILL to the whole tree; the exit code, or "killed"."""
-    if proc is None or proc.poll() is not None:
-        return None if proc is None else proc.returncode
-    tree = _tree(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        for pid in tree | _tree(proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        proc.wait(10)
-        return f"killed: no exit within {grace:.0f} s of SIGTERM"
+def _stop(*procs: subprocess.Popen | None, grace: float = 90) -> list[int | str | None]:
+    """SIGTERM to each (all at once, in this order), then -- for one that has not exited ``grace`` s
+    later -- SIGKILL to its whole tree; each one's exit code, or "killed" (None: never started)."""
+    trees = {}
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            trees[proc.pid] = _tree(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    out = []
+    for proc in procs:
+        if proc is None:
+            out.append(None)
+            continue
+        try:
+            out.append(proc.wait(max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for pid in trees.get(proc.pid, set()) | _tree(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            proc.wait(10)
+            out.append(f"killed: no exit within {grace:.0f} s of SIGTERM")
+    return out
 
 
 @pytest.mark.netns
@@ -294,41 +311,64 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
     inv = d / "inventory.toml"
     inv.write_text(INVENTORY.format(state=state, python=PY, tls="true" if tls else "false", group=GROUP,
                                     port=MCAST_PORT, ns_a=topo.ns["a"], addr_a=a_ip))
-    scaler = node = head = driver = None
+    scaler = node = head = driver = probe = cert = None
     deployed = False
     logs = {k: d / f"{k}.log" for k in ("scaler", "node", "head", "driver")}
     work = d / "work"
     work.mkdir()
     seen_b: set[int] = set()
+    sa, sb = state / "a", state / "b"
     try:
-        r = deploy("up", "--inventory", str(inv), timeout=600)
-        deployed = True
-        assert r.returncode == 0, f"deploy up failed:\n{r.stderr[-6000:]}"
-        out = json.loads(r.stdout)
-        marks["deploy up"] = time.monotonic() - t_start
-        master = out["masters"]["S"]
-        first = list(out["workers"]["S"])
-        assert master.startswith(a_ip + ":") and [w.rsplit(":", 1)[0] for w in first] == [a_ip]
-        client_tls = str(d / "secrets" / "tls") if tls else ""
+        # `strata deploy up` in the background: in ``join`` mode the level's Ray nodes start meanwhile
+        # (they need no master; the scaler does)
+        up: dict = {}
 
-        # host b's state dir, as an operator would make it: the level's group key and worker
-        # certificates (from host a), and from the head's host (`strata scale cert`) the Ray CA
-        # certificate, b's node certificate and the level's Ray token
-        sa, sb = state / "a", state / "b"
-        (sb / "keys").mkdir(parents=True, mode=0o700)
-        shutil.copy2(sa / "keys" / "S.key", sb / "keys" / "S.key")
-        if tls:
-            (sb / "tls").mkdir(mode=0o700)
-            for f in ("ca.pem", "worker-S.pem", "worker-S.key"):
-                shutil.copy2(sa / "tls" / f, sb / "tls" / f)
-        r = subprocess.run([PY, "-m", "strata", "scale", "cert", "--config", str(cfg_path), "--level", "S",
-                            "--state-dir", str(sa), "--ip", b_ip, "--out", str(sb)],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
+        def deploy_up():
+            try:
+                up["r"] = deploy("up", "--inventory", str(inv), timeout=600)
+            except BaseException as e:  # noqa: BLE001 - raised in the test's thread below
+                up["error"] = e
+            up["t"] = time.monotonic() - t_start
+
+        up_thread = threading.Thread(target=deploy_up, daemon=True)
+        up_thread.start()
+        deployed = True
+        # from the head's host (`strata scale cert`): the Ray CA certificate, b's node certificate and
+        # the level's Ray token for host b's state dir (the Ray CA key stays in host a's STATE/ray)
+        cert = subprocess.Popen([PY, "-m", "strata", "scale", "cert", "--config", str(cfg_path), "--level", "S",
+                                 "--state-dir", str(sa), "--ip", b_ip, "--out", str(sb)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, err = cert.communicate(timeout=120)
+        assert cert.returncode == 0, err
         assert (ray_tls_dir(sb, "S") / "ca.pem").exists() and token_path(sb, "S").stat().st_mode & 0o077 == 0
         assert not (ray_tls_dir(sb, "S") / "ca.key").exists()  # the Ray CA key stays on the head's host
 
         env = {**os.environ, "STRATA_PASSWORD": PASSWORD, "STRATA_GROUP_ADDRESS": GROUP, "STRATA_GROUP_TTL": "1"}
+
+        def start_node_b():
+            with open(logs["node"], "wb") as f:
+                return subprocess.Popen(
+                    ["ip", "netns", "exec", topo.ns["b"], PY, "-m", "strata", "scale", "node", "--config",
+                     str(cfg_path), "--level", "S", "--state-dir", str(sb), "--address", f"{a_ip}:{RAY_PORT}",
+                     "--node-ip", b_ip, "--ray-cpus", "1"],
+                    # an injected idle reading for the workers placed on b (as bench/e2e.py does): the master's
+                    # pick among free workers (master/dispatch.py: free slots, then load in 10 % buckets, then
+                    # round robin) does not depend on what else this machine runs meanwhile
+                    stdout=f, stderr=subprocess.STDOUT, env={**env, "STRATA_CPU_OVERRIDE": "0"}, cwd=str(d))
+
+        def node_b_up():
+            marks["Ray node up (host b)"] = _wait_file(sb / "run" / "ray-node-S.json", node, logs["node"], 300,
+                                                       "strata scale node (host b)")
+            record_b = json.loads((sb / "run" / "ray-node-S.json").read_text())
+            assert record_b["node_ip"] == b_ip and record_b["address"] == f"{a_ip}:{RAY_PORT}"
+            marks["Ray node start-up in the process (host b)"] = record_b["started_in"]
+
+        def start_driver():  # the load's client on host a: logs in and registers, feeds once b's node is up
+            with open(logs["driver"], "wb") as f:
+                return subprocess.Popen(["ip", "netns", "exec", topo.ns["a"], PY, "-c", DRIVER, master, client_tls,
+                                         b_ip, str(work), json.dumps(QUERIES)],
+                                        stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+
         # the head on a, offering no CPU: every worker the scaler starts lands on another host's node
         if mode == "join":
             with open(logs["head"], "wb") as f:
@@ -340,6 +380,29 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
                 sa / "run" / "ray-node-S.json", head, logs["head"], 300, "strata scale node --head (host a)")
             marks["Ray head start-up in the process"] = json.loads(
                 (sa / "run" / "ray-node-S.json").read_text())["started_in"]
+            node = start_node_b()
+            node_b_up()
+        up_thread.join(660)
+        if "error" in up:
+            raise up["error"]
+        r = up["r"]
+        assert r.returncode == 0, f"deploy up failed:\n{r.stderr[-6000:]}"
+        out = json.loads(r.stdout)
+        marks["deploy up"] = up["t"]
+        master = out["masters"]["S"]
+        first = list(out["workers"]["S"])
+        assert master.startswith(a_ip + ":") and [w.rsplit(":", 1)[0] for w in first] == [a_ip]
+        client_tls = str(d / "secrets" / "tls") if tls else ""
+
+        # the rest of host b's state dir, as an operator would make it: the level's group key and worker
+        # certificates (from host a)
+        (sb / "keys").mkdir(parents=True, mode=0o700)
+        shutil.copy2(sa / "keys" / "S.key", sb / "keys" / "S.key")
+        if tls:
+            (sb / "tls").mkdir(mode=0o700)
+            for f in ("ca.pem", "worker-S.pem", "worker-S.key"):
+                shutil.copy2(sa / "tls" / f, sb / "tls" / f)
+
         with open(logs["scaler"], "wb") as f:
             scaler = subprocess.Popen(
                 ["ip", "netns", "exec", topo.ns["a"], PY, "-m", "strata", "scale", "--config", str(cfg_path),
@@ -350,22 +413,30 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
                  "--up-backlog", "2", "--up-sustain", "1", "--down-idle", "3", "--down-cooldown", "5",
                  "--start-timeout", "600"],
                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(d))
+        if mode == "join":
+            driver = start_driver()
         marks[f"scaler up ({mode})"] = _wait_file(sa / "run" / "scaler-S.json", scaler, logs["scaler"], 300,
                                                   f"strata scale ({mode})")
-        with open(logs["node"], "wb") as f:
-            node = subprocess.Popen(
-                ["ip", "netns", "exec", topo.ns["b"], PY, "-m", "strata", "scale", "node", "--config", str(cfg_path),
-                 "--level", "S", "--state-dir", str(sb), "--address", f"{a_ip}:{RAY_PORT}", "--node-ip", b_ip,
-                 "--ray-cpus", "1"],
-                # an injected idle reading for the workers placed on b (as bench/e2e.py does): the master's
-                # pick among free workers (master/dispatch.py: free slots, then load in 10 % buckets, then
-                # round robin) does not depend on what else this machine runs meanwhile
-                stdout=f, stderr=subprocess.STDOUT, env={**env, "STRATA_CPU_OVERRIDE": "0"}, cwd=str(d))
-        marks["Ray node up (host b)"] = _wait_file(sb / "run" / "ray-node-S.json", node, logs["node"], 300,
-                                                   "strata scale node (host b)")
-        record_b = json.loads((sb / "run" / "ray-node-S.json").read_text())
-        assert record_b["node_ip"] == b_ip and record_b["address"] == f"{a_ip}:{RAY_PORT}"
-        marks["Ray node start-up in the process (host b)"] = record_b["started_in"]
+        if mode == "head":  # b's node joins the head the scaler started
+            node = start_node_b()
+            driver = start_driver()
+            node_b_up()
+        # the load: the client keeps a backlog in front of the single worker (Ray places the scaler's
+        # new worker on b, the only node with a CPU)
+        (work / "feed").touch()
+        t_both = time.monotonic()  # the scaler and b's node up
+
+        # meanwhile, from host b, a peer talks to the head's GCS (checked below): TLS with the level's
+        # Ray CA and the level's token, both required
+        other = d / "other-level"
+        ensure_ray_ca(other, "TS")
+        issue_node_cert(other, "TS", b_ip)
+        good_crt, good_key = node_cert_paths(ray_tls_dir(sb, "S"), b_ip)
+        bad_crt, bad_key = node_cert_paths(ray_tls_dir(other, "TS"), b_ip)
+        probe = subprocess.Popen(["ip", "netns", "exec", topo.ns["b"], PY, "-c", PROBE, f"{a_ip}:{RAY_PORT}",
+                                  str(ray_tls_dir(sb, "S") / "ca.pem"), str(good_crt), str(good_key), str(bad_crt),
+                                  str(bad_key), str(token_path(sb, "S"))],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         def scaler_state():
             try:
@@ -373,41 +444,47 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
             except (OSError, ValueError):
                 return {}
 
-        t0 = time.monotonic()
-        while not any(n["ip"] == b_ip and n["alive"] for n in scaler_state().get("ray", {}).get("nodes", [])):
-            assert scaler.poll() is None, logs["scaler"].read_text()[-3000:]
-            assert time.monotonic() - t0 < 60, f"the scaler never saw b's node: {scaler_state()}"
-            time.sleep(0.5)
-        ray_info = scaler_state()["ray"]
-        assert ray_info["mode"] == mode and ray_info["gcs_address"] == f"{a_ip}:{RAY_PORT}", ray_info
-        marks[f"Ray {'head start-up' if mode == 'head' else 'connect'} in the scaler"] = ray_info["started_in"]
-        assert ray_info["ports"]["gcs"] == RAY_PORT and ray_info["ports"]["workers"] == [RAY_PORT + 10, RAY_PORT + 49]
+        def scaler_saw_b() -> bool:
+            """Whether the scaler lists b's node as alive (it must within 60 s of both being up)."""
+            if "Ray node seen by the scaler" in marks:
+                return True
+            if not any(n["ip"] == b_ip and n["alive"] for n in scaler_state().get("ray", {}).get("nodes", [])):
+                assert time.monotonic() - t_both < 60, f"the scaler never saw b's node: {scaler_state()}"
+                return False
+            marks["Ray node seen by the scaler"] = time.monotonic() - t_both
+            ray_info = scaler_state()["ray"]
+            assert ray_info["mode"] == mode and ray_info["gcs_address"] == f"{a_ip}:{RAY_PORT}", ray_info
+            marks[f"Ray {'head start-up' if mode == 'head' else 'connect'} in the scaler"] = ray_info["started_in"]
+            assert ray_info["ports"]["gcs"] == RAY_PORT and ray_info["ports"]["workers"] == [RAY_PORT + 10,
+                                                                                             RAY_PORT + 49]
+            return True
 
-        # the load: a client on host a keeps a backlog in front of the single worker
-        with open(logs["driver"], "wb") as f:
-            driver = subprocess.Popen(["ip", "netns", "exec", topo.ns["a"], PY, "-c", DRIVER, master, client_tls,
-                                       b_ip, str(work), json.dumps(QUERIES)],
-                                      stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         t0 = time.monotonic()
         while not any(p["phase"] == "scaled" for p in _progress(work)):
             assert driver.poll() is None, f"client exited:\n{logs['driver'].read_text()[-3000:]}"
             assert scaler.poll() is None, logs["scaler"].read_text()[-3000:]
             assert node.poll() is None, logs["node"].read_text()[-3000:]
+            scaler_saw_b()
             seen_b |= _tree(node.pid)
             if time.monotonic() - t0 > 600:
                 pytest.fail(f"no worker on host b did chunks: {_progress(work)[-5:]}\n"
                             f"{logs['scaler'].read_text()[-3000:]}")
-            time.sleep(0.5)
+            time.sleep(0.1)
         scaled = next(p for p in _progress(work) if p["phase"] == "scaled")
         marks["worker on b did a chunk"] = time.monotonic() - t_start
         new_sid = scaled["sid"]
         assert new_sid.rsplit(":", 1)[0] == b_ip, scaled  # it listens on ITS node's address
-        mine = [w for w in scaler_state()["workers"] if w["sid"] == new_sid]
-        assert mine and mine[0]["node_ip"] == b_ip and mine[0]["pid"] in topo.pids("b"), scaler_state()
+        t0 = time.monotonic()  # (the scaler's state file follows its next tick: the worker may be faster)
+        while not (mine := [w for w in scaler_state().get("workers", []) if w["sid"] == new_sid]):
+            assert time.monotonic() - t0 < 30, scaler_state()
+            time.sleep(0.1)
+        assert mine[0]["node_ip"] == b_ip and mine[0]["pid"] in topo.pids("b"), scaler_state()
         assert str(sb) in (mine[0]["log"] or ""), mine  # its log on b's state dir
         worker_tree = set(mine[0]["tree"]) | _tree(mine[0]["pid"])
         seen_b |= _tree(node.pid) | worker_tree
         assert _cmd(mine[0]["pid"]).count("--spark-master") == 0  # the level's Spark from the config
+        while not scaler_saw_b():
+            time.sleep(0.1)
 
         # every Ray listener on both hosts on that host's address (the Strata workers and their JVMs apart)
         strata_procs = set()
@@ -417,18 +494,23 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
         ray_a = ((_tree(scaler.pid) | (_tree(head.pid) if head else set())) & topo.pids("a")) - strata_procs
         ray_b = (_tree(node.pid) & topo.pids("b")) - strata_procs
         assert len(ray_a) >= 4 and len(ray_b) >= 3, (ray_a, ray_b)
-        # (psutil reads the socket tables of the namespace it runs in: ask from inside each host)
-        for h, ip, pids in (("a", a_ip, ray_a), ("b", b_ip, ray_b)):
-            r = topo.run(h, PY, "-c", "import json, sys; from strata.deploy.ray_pool import listeners_outside; "
-                         "print(json.dumps([listeners_outside(json.loads(sys.argv[1]), sys.argv[2]), "
-                         "listeners_outside(json.loads(sys.argv[1]), None)]))", json.dumps(sorted(pids)), ip)
-            assert r.returncode == 0, r.stderr
-            outside, listening = json.loads(r.stdout)
+        # (psutil reads the socket tables of the namespace it runs in: ask from inside each host; both at once)
+        checks = {h: subprocess.Popen(
+            ["ip", "netns", "exec", topo.ns[h], PY, "-c",
+             "import json, sys; from strata.deploy.ray_pool import listeners_outside; "
+             "print(json.dumps([listeners_outside(json.loads(sys.argv[1]), sys.argv[2]), "
+             "listeners_outside(json.loads(sys.argv[1]), None)]))", json.dumps(sorted(pids)), ip],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for h, ip, pids in (("a", a_ip, ray_a), ("b", b_ip, ray_b))}
+        ss = {h: [line.split() for line in topo.run(h, "ss", "-ltnpH").stdout.splitlines() if line.strip()]
+              for h in ("a", "b")}  # State Recv-Q Send-Q Local Peer Process
+        for h, p in checks.items():
+            stdout, stderr = p.communicate(timeout=120)
+            assert p.returncode == 0, stderr
+            outside, listening = json.loads(stdout)
             assert outside == [] and len(listening) >= 3, (outside, listening)
             print(f"Ray processes' listeners on host {h} (psutil): "
                   + ", ".join(sorted(f"{c[3]}:{c[4]} {c[1]}" for c in listening)))
-        ss = {h: [line.split() for line in topo.run(h, "ss", "-ltnpH").stdout.splitlines() if line.strip()]
-              for h in ("a", "b")}  # State Recv-Q Send-Q Local Peer Process
 
         def local(f):  # ss's local address as "ip:port" ([::ffff:10.79.0.2]:46200 → 10.79.0.2:46200)
             host, port = f[3].rsplit(":", 1)
@@ -448,27 +530,23 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
         # the worker on b serves gRPC on b's address
         assert any(local(f) == new_sid for f in ss["b"]), ss["b"]
 
-        # the head's GCS: TLS with the level's Ray CA and the level's token, both required
-        other = d / "other-level"
-        ensure_ray_ca(other, "TS")
-        issue_node_cert(other, "TS", b_ip)
-        good_crt, good_key = node_cert_paths(ray_tls_dir(sb, "S"), b_ip)
-        bad_crt, bad_key = node_cert_paths(ray_tls_dir(other, "TS"), b_ip)
-        r = topo.run("b", PY, "-c", PROBE, f"{a_ip}:{RAY_PORT}", str(ray_tls_dir(sb, "S") / "ca.pem"), str(good_crt),
-                     str(good_key), str(bad_crt), str(bad_key), str(token_path(sb, "S")), timeout=120)
-        assert r.returncode == 0, r.stderr
-        probe = json.loads(r.stdout)
-        assert probe["level certificate and token"][0] == "OK", probe
-        assert probe["level certificate, no token"][0] == "UNAUTHENTICATED", probe
-        assert probe["no certificate"][0] == "UNAVAILABLE" and probe["another level's CA"][0] == "UNAVAILABLE", probe
-
         # no more input: the group idles and the scaler drains the worker on b
         (work / "go").touch()
-        t0 = time.monotonic()
+        t_go = time.monotonic()
+
+        # the head's GCS (the probe from host b, started above): TLS with the level's Ray CA and the
+        # level's token, both required
+        stdout, stderr = probe.communicate(timeout=120)
+        assert probe.returncode == 0, stderr
+        res = json.loads(stdout)
+        assert res["level certificate and token"][0] == "OK", res
+        assert res["level certificate, no token"][0] == "UNAUTHENTICATED", res
+        assert res["no certificate"][0] == "UNAVAILABLE" and res["another level's CA"][0] == "UNAVAILABLE", res
+
         while not (work / "results.json").exists():
             assert driver.poll() is None or (work / "results.json").exists(), logs["driver"].read_text()[-3000:]
-            assert time.monotonic() - t0 < 700, f"{_progress(work)[-5:]}\n{logs['scaler'].read_text()[-3000:]}"
-            time.sleep(0.5)
+            assert time.monotonic() - t_go < 700, f"{_progress(work)[-5:]}\n{logs['scaler'].read_text()[-3000:]}"
+            time.sleep(0.1)
         phases = {p["phase"]: p for p in _progress(work)}
         assert "drained" in phases, f"{_progress(work)[-5:]}\n{logs['scaler'].read_text()[-3000:]}"
         marks["worker on b drained"] = marks["worker on b did a chunk"] + phases["drained"]["t"] - scaled["t"]
@@ -478,7 +556,7 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
         assert f"Ray node {b_ip} up" in text
         t0 = time.monotonic()
         while [p for p in worker_tree if not gone(p)] and time.monotonic() - t0 < 60:
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert not [p for p in worker_tree if not gone(p)], "the drained worker on b still runs"
         assert phases["finished"]["ended"]
 
@@ -490,22 +568,33 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
             compare_results([tuple(r) for r in rows], evaluate(q, cfg, "S", streams))
         marks["outputs checked"] = time.monotonic() - t_start
     finally:
-        if driver is not None and driver.poll() is None:
-            driver.kill()
-            driver.wait(10)
+        for p in (driver, probe, cert):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
         if node is not None:
             seen_b |= _tree(node.pid)
-        rc_scaler, rc_node, rc_head = _stop(scaler), _stop(node), _stop(head)
+        # b's node and the scaler at once: b's raylet then leaves a head whose GCS still answers (after
+        # the head's GCS, a node takes ~8 s more to stop: its raylet is killed, its agents waited for)
+        rc_node, rc_scaler = _stop(node, scaler)
+        temp_dirs = []
         for rec in (state / "a" / "run" / "scaler-S.json", state / "b" / "run" / "ray-node-S.json",
                     state / "a" / "run" / "ray-node-S.json"):
             try:
-                tmp = json.loads(rec.read_text()).get("temp_dir") or ""
+                temp_dirs.append(json.loads(rec.read_text()).get("temp_dir") or "")
             except (OSError, ValueError):
-                tmp = ""
+                pass
+        down = None
+        if deployed:  # `deploy down` (the master and its worker) while the head (join mode) stops
+            up_thread.join(660)  # (a failure while `deploy up` still ran: down after it)
+            down = threading.Thread(target=deploy, args=("down", "--inventory", str(inv)))
+            down.start()
+        rc_head, = _stop(head)
+        for tmp in temp_dirs:
             if tmp.startswith(tempfile_root()):
                 shutil.rmtree(tmp, ignore_errors=True)
-        if deployed:
-            deploy("down", "--inventory", str(inv))
+        if down is not None:
+            down.join(330)
     marks["stopped"] = time.monotonic() - t_start
     assert rc_scaler == 0, logs["scaler"].read_text()[-3000:]
     assert rc_node == 0, logs["node"].read_text()[-3000:]
@@ -517,7 +606,7 @@ def test_scale_places_a_worker_on_another_host_and_drains_it(topo, tmp_path, mod
     assert not left and topo.pids("b") == set(), (left, topo.pids("b"))
     t0 = time.monotonic()  # and after `deploy down`, nothing on host a either
     while topo.pids("a") and time.monotonic() - t0 < 30:
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert topo.pids("a") == set(), [_cmd(p)[:120] for p in topo.pids("a")]
     print("Ray across hosts: " + ", ".join(f"{k} {v:.1f} s" for k, v in marks.items()))
 
@@ -685,3 +774,19 @@ def test_scale_node_and_cert_command_lines(tmp_path):
             "--state-dir", str(tmp_path / "h"), "--ip", "10.0.0.8", "--ip", "10.0.0.9")
     assert r.returncode == 0 and r.stdout.count(".pem") == 2, r.stderr
 
+
+
+def test_a_failed_ray_start_up_names_its_processes_last_warnings(tmp_path):
+    from strata.deploy.ray_pool import _startup_logs
+
+    logs = tmp_path / "session_2026" / "logs"
+    logs.mkdir(parents=True)
+    (tmp_path / "session_latest").symlink_to(tmp_path / "session_2026")
+    (logs / "gcs_server.out").write_text(
+        "[2026-11-27 12:58:58,101 I 1 1] (gcs_server) gcs_server_main.cc:98: Ray cluster metadata\n"
+        "[2026-11-27 12:58:58,102 E 1 1] (gcs_server) grpc_server.cc:130: Failed to bind 10.79.0.2:46200\n")
+    (logs / "raylet.out").write_text("[2026-11-27 12:58:59,000 I 2 2] (raylet) main.cc:283: Setting cluster ID\n")
+    why = _startup_logs(tmp_path)
+    assert "Failed to bind 10.79.0.2:46200" in why and "metadata" not in why
+    assert "raylet.out: " in why and "no warning" in why
+    assert "no GCS or raylet log" in _startup_logs(tmp_path / "nowhere") and _startup_logs(None) == "no Ray temp dir"
