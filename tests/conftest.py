@@ -13,6 +13,33 @@ from .cpu_profile import register as register_cpu_profile
 
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
+# ---- workers' warm-up -----------------------------------------------------------------------------------
+#: The Spark workers the suite starts skip their warm-up chunks (worker/warmup.py; ``STRATA_WARMUP_SECONDS``
+#: < 0), which is about half of a worker's start-up CPU (a master and two workers: 13.5 -> 7.1 CPU-s and
+#: 7.0 -> 3.8 s on the 2-core VM): a warm-up only makes a worker's first chunks faster and its results are
+#: thrown away, while most tests start a cluster for a handful of small chunks.  Its own tests run it in the
+#: process (tests/test_engine.py), and it stays on where a test depends on it or on latency: the shared warm
+#: cluster (``warm_s``, every test on it), the modules that say ``WORKER_WARM_UP = True`` (timing, the
+#: levels' Spark clusters that count its tasks) and single runs that pass :data:`tests.helpers.WARM_UP`.
+#: ``STRATA_WARMUP_SECONDS=...`` set when the suite starts wins everywhere.
+_WARMUP_ENV = "STRATA_WARMUP_SECONDS"
+_SUITE_SETS_WARMUP = _WARMUP_ENV not in os.environ
+if _SUITE_SETS_WARMUP:
+    os.environ[_WARMUP_ENV] = "-1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _workers_warm_up(request):
+    """A module with ``WORKER_WARM_UP = True``: the processes it starts warm up as users' do."""
+    if not (_SUITE_SETS_WARMUP and getattr(request.module, "WORKER_WARM_UP", False)):
+        yield
+        return
+    os.environ.pop(_WARMUP_ENV, None)
+    try:
+        yield
+    finally:
+        os.environ[_WARMUP_ENV] = "-1"
+
 CHINESE_WALL_TOML = AUDIT_TOML  # the name the tests use
 
 #: a deployment with 64-bit attributes (the example configs have almost none); a test module may name
@@ -99,7 +126,8 @@ def warm_s(tmp_path_factory):
     or needs another config, level or worker count, starts its own."""
     from .helpers import WarmCluster
 
-    cluster = WarmCluster(tmp_path_factory.mktemp("warm-s"), BATTLEFIELD_TOML, "S", 1)
+    # its worker warms up as users' do (WARM_UP): every test on it runs the default start-up path
+    cluster = WarmCluster(tmp_path_factory.mktemp("warm-s"), BATTLEFIELD_TOML, "S", 1, warm_up=True)
     yield cluster
     cluster.stop()
 

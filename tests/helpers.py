@@ -14,6 +14,7 @@ from pathlib import Path
 from strata.client import Client
 from strata.config import load_config
 from strata.users import ROLES, UserStore
+from strata.worker.warmup import WARMUP_SECONDS
 
 #: every test user's password
 PASSWORD = "correct horse"
@@ -98,18 +99,24 @@ def gone(pid: int) -> bool:
     return not alive(pid)
 
 
+#: the environment of a worker that warms up as users' do (the product's default, worker/warmup.py
+#: WARMUP_SECONDS), for the processes of a test that depend on it: the suite's default skips it (conftest.py)
+WARM_UP = {"STRATA_WARMUP_SECONDS": str(WARMUP_SECONDS)}
+
+
 class WarmCluster:
     """A cluster of one level (``start_cluster``) that several tests use in turn: each takes a fresh
     master (a new input timeline, no queries or sessions) on the same address with :meth:`renew`, while
     the workers and their Spark sessions stay warm, as ``strata replay --cluster`` does."""
 
-    def __init__(self, dir: Path, config_text: str, level: str, workers: int):
+    def __init__(self, dir: Path, config_text: str, level: str, workers: int, warm_up: bool = False):
         from strata.deploy.local import start_cluster
 
         self.dir, self.level = dir, level
         self.config = write_config(dir, config_text, {})
         self.state = dir / "state"
-        self.started = start_cluster(str(self.config), [level], workers, self.state)
+        self.started = start_cluster(str(self.config), [level], workers, self.state,
+                                     worker_env={i: WARM_UP for i in range(workers)} if warm_up else None)
 
     def renew(self, users: dict[str, str | tuple[str, str]]) -> dict:
         """A fresh master, its users file holding ``users`` too (as :func:`write_config` writes them); the

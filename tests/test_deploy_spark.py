@@ -39,6 +39,10 @@ from .netns_hosts import (PY, assert_replay_equals_reference, cli_op, deploy_op,
 from .polling import poll
 from .test_spark_cluster import assert_one_line
 
+#: the workers this module starts warm up (conftest.py: the suite's default skips it): the level's Spark
+#: cluster runs the worker's warm-up tasks before the replay's (counted)
+WORKER_WARM_UP = True
+
 S_SECRET = "level-S-spark-secret-0b5e"
 TS_SECRET = "level-TS-spark-secret-77d1"
 

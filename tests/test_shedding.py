@@ -40,6 +40,10 @@ from .helpers import stable
 from .reference.evaluator import compare_results, evaluate
 from .tables import rows_of, to_table, vital
 
+#: the workers this module starts warm up (conftest.py: the suite's default skips it): what TS sheds depends on
+#: how fast its worker computes: it starts warm, as users' do
+WORKER_WARM_UP = True
+
 SHED_TOML = BATTLEFIELD_TOML + '\n[limits]\noverload = "shed"\nshed_backlog_rows = 6\n'
 
 

@@ -89,6 +89,10 @@ from strata.examples import BATTLEFIELD_TOML
 from .helpers import login, strata, write_config
 from .polling import poll, wait_for
 
+#: the workers this module starts warm up (conftest.py: the suite's default skips it): its latencies are the
+#: measurement: S's and TS's workers start warm, as users' do
+WORKER_WARM_UP = True
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,6 +32,10 @@ from strata.worker.load import ExecutorSample, ExecutorSlotsLoad, ProcessTreeLoa
 
 from .conftest import BATTLEFIELD_TOML
 
+#: the workers this module starts warm up (conftest.py: the suite's default skips it): the level's Spark
+#: cluster runs the worker's warm-up tasks before the replay's (counted)
+WORKER_WARM_UP = True
+
 BASE = '[lattice]\nlevels = ["U", "C", "S", "TS"]\n'
 
 

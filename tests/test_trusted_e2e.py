@@ -48,6 +48,10 @@ from .tables import rows_of
 from . import test_level_safety as safety
 from .test_level_safety import QUERIES
 
+#: the workers this module starts warm up (conftest.py: the suite's default skips it): arrival times are
+#: compared across runs: the workers start warm, as users' do
+WORKER_WARM_UP = True
+
 pytestmark = pytest.mark.slow
 
 USERS = {"p1": ("TS", "producer"), "p2": ("S", "producer"), "ana": ("S", "analyst"), "op": ("S", "operator"),
