@@ -21,11 +21,14 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 #: process (tests/test_engine.py), and it stays on where a test depends on it or on latency: the shared warm
 #: cluster (``warm_s``, every test on it), the modules that say ``WORKER_WARM_UP = True`` (timing, the
 #: levels' Spark clusters that count its tasks) and single runs that pass :data:`tests.helpers.WARM_UP`.
-#: ``STRATA_WARMUP_SECONDS=...`` set when the suite starts wins everywhere.
+#: ``STRATA_WARMUP_SECONDS=...`` set when the suite starts wins everywhere.  (pytest-xdist's processes inherit
+#: the environment the controller's conftest set: :data:`_SUITE_MARK` tells them the suite set it, not a user.)
 _WARMUP_ENV = "STRATA_WARMUP_SECONDS"
-_SUITE_SETS_WARMUP = _WARMUP_ENV not in os.environ
+_SUITE_MARK = "STRATA_TESTS_SKIP_WARMUP"
+_SUITE_SETS_WARMUP = _WARMUP_ENV not in os.environ or os.environ.get(_SUITE_MARK) == "1"
 if _SUITE_SETS_WARMUP:
     os.environ[_WARMUP_ENV] = "-1"
+    os.environ[_SUITE_MARK] = "1"
 
 
 @pytest.fixture(scope="module", autouse=True)
