@@ -147,29 +147,27 @@ def pytest_addoption(parser):
                           + ", ".join(SLOW_TIERS) + " (CI runs everything)")
 
 
-#: seconds the longest test files took in a full run (2026-11-27, scaled to a quiet machine; the Spark
-#: differential files scaled by their CPU before and after CTEs read once were written in place and the
-#: examples' identical units evaluated once, 2026-11-27 19:00): they are
+#: seconds the longest test files took in a full run (a fresh clone's, 2026-11-27 21:57 UTC, 800 s): they are
 #: collected first, so that with several pytest processes (``./dev test``: pytest-xdist, a file per process)
 #: the longest start first and the run does not end waiting for one of them.  Order within a file is kept.
-#: tests/test_slot_timing.py (80 s) measures a gate's timing, which a Ray or Spark cluster test beside it
+#: tests/test_slot_timing.py (70-105 s) measures a gate's timing, which a Ray or Spark cluster test beside it
 #: disturbs (started first, next to test_ray_hosts.py, it failed once: slot edges 40 ms late on average);
 #: its weight puts it after every cluster-heavy file has started but not at the very end (unlisted, it
-#: came late and the run waited for it); test_scheduling.py (a few seconds) stays unlisted.
-LONG_FILES = {"test_ray_hosts.py": 185, "test_cluster_e2e.py": 123, "test_deploy_spark.py": 115,
-              "test_exactly_once.py": 90, "test_relations.py": 91, "test_deploy_ssh.py": 93,
-              "test_setops.py": 66, "test_subqueries.py": 51,
-              "test_query_errors.py": 76, "test_query_depth.py": 76, "test_trusted_e2e.py": 70, "test_spark_cluster.py": 65,
-              "test_differential.py": 62, "test_shedding.py": 60, "test_roles.py": 55, "test_failures.py": 53,
-              "test_sharing_exec.py": 43, "test_scaler.py": 47, "test_printer_roundtrip.py": 43,
-              "test_deploy_netns.py": 43, "test_level_safety.py": 39, "test_adaptive.py": 37,
-              "test_window_filters.py": 30, "test_heartbeats_e2e.py": 33, "test_checkpoint.py": 32,
-              "test_access_e2e.py": 30, "test_elastic.py": 30, "test_metrics.py": 30, "test_worker_metrics.py": 30, "test_slide.py": 26,
-              "test_access_differential.py": 24, "test_slot_timing.py": 22, "test_standby.py": 21, "test_master_streams.py": 21,
-              "test_streams_add.py": 20, "test_trusted_differential.py": 16, "test_file_modes.py": 20, "test_api.py": 20, "test_engine.py": 14,
-              "test_restart.py": 16, "test_cli_frontend.py": 15, "test_fuzz.py": 15,
-              "test_range_partials.py": 11, "test_login_throttle.py": 14, "test_distinct.py": 12,
-              "test_heartbeats.py": 12, "test_categories.py": 11}
+#: came late and the run waited for it); test_turns.py (35 s, mostly waiting: timing in one process)
+#: stays unlisted, among the last and lightest files.
+LONG_FILES = {"test_cluster_e2e.py": 136, "test_ray_hosts.py": 111, "test_deploy_ssh.py": 87,
+              "test_trusted_differential.py": 69, "test_exactly_once.py": 66, "test_deploy_spark.py": 64,
+              "test_relations.py": 52, "test_setops.py": 46, "test_scaler.py": 45, "test_query_errors.py": 43,
+              "test_subqueries.py": 38, "test_differential.py": 35, "test_roles.py": 33, "test_query_depth.py": 31,
+              "test_failures.py": 31, "test_trusted_e2e.py": 31, "test_heartbeats_e2e.py": 28,
+              "test_spark_cluster.py": 26, "test_deploy_netns.py": 24, "test_window_filters.py": 23,
+              "test_standby.py": 21, "test_shedding.py": 21, "test_sharing_exec.py": 20, "test_level_safety.py": 20,
+              "test_slot_timing.py": 20,
+              "test_elastic.py": 19, "test_adaptive.py": 19, "test_access_e2e.py": 16, "test_checkpoint.py": 16,
+              "test_replay_punctuations.py": 16, "test_printer_roundtrip.py": 15, "test_restart.py": 13,
+              "test_access_differential.py": 11, "test_fuzz.py": 11,
+              "test_categories.py": 11, "test_master_streams.py": 11, "test_worker_metrics.py": 11,
+              "test_engine.py": 11, "test_heartbeats.py": 10, "test_slide.py": 10}
 
 
 def pytest_collection_modifyitems(config, items):
