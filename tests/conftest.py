@@ -153,8 +153,9 @@ def pytest_addoption(parser):
 #: tests/test_slot_timing.py (70-105 s) measures a gate's timing, which a Ray or Spark cluster test beside it
 #: disturbs (started first, next to test_ray_hosts.py, it failed once: slot edges 40 ms late on average);
 #: its weight puts it after every cluster-heavy file has started but not at the very end (unlisted, it
-#: came late and the run waited for it); test_turns.py (35 s, mostly waiting: timing in one process)
-#: stays unlisted, among the last and lightest files.
+#: came late and the run waited for it); test_turns.py (35 s, mostly waiting: timing in one process) comes
+#: after the cluster files but before the last and lightest ones (unlisted, it came among the last files and
+#: one process ran it for half a minute after the other had finished: 745 against 826 s of tests).
 LONG_FILES = {"test_cluster_e2e.py": 136, "test_ray_hosts.py": 111, "test_deploy_ssh.py": 87,
               "test_trusted_differential.py": 69, "test_exactly_once.py": 66, "test_deploy_spark.py": 64,
               "test_relations.py": 52, "test_setops.py": 46, "test_scaler.py": 45, "test_query_errors.py": 43,
@@ -164,7 +165,7 @@ LONG_FILES = {"test_cluster_e2e.py": 136, "test_ray_hosts.py": 111, "test_deploy
               "test_standby.py": 21, "test_shedding.py": 21, "test_sharing_exec.py": 20, "test_level_safety.py": 20,
               "test_slot_timing.py": 20,
               "test_elastic.py": 19, "test_adaptive.py": 19, "test_access_e2e.py": 16, "test_checkpoint.py": 16,
-              "test_replay_punctuations.py": 16, "test_printer_roundtrip.py": 15, "test_restart.py": 13,
+              "test_replay_punctuations.py": 16, "test_printer_roundtrip.py": 15, "test_restart.py": 13, "test_turns.py": 12,
               "test_access_differential.py": 11, "test_fuzz.py": 11,
               "test_categories.py": 11, "test_master_streams.py": 11, "test_worker_metrics.py": 11,
               "test_engine.py": 11, "test_heartbeats.py": 10, "test_slide.py": 10}
