@@ -43,6 +43,7 @@ def _workers_warm_up(request):
     finally:
         os.environ[_WARMUP_ENV] = "-1"
 
+
 CHINESE_WALL_TOML = AUDIT_TOML  # the name the tests use
 
 #: a deployment with 64-bit attributes (the example configs have almost none); a test module may name

@@ -775,7 +775,6 @@ def test_scale_node_and_cert_command_lines(tmp_path):
     assert r.returncode == 0 and r.stdout.count(".pem") == 2, r.stderr
 
 
-
 def test_a_failed_ray_start_up_names_its_processes_last_warnings(tmp_path):
     from strata.deploy.ray_pool import _startup_logs
 
