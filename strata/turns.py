@@ -20,10 +20,16 @@ policies the host gate, ``strata slots``, applies to whole processes in the repl
   its own (they may depend on *L* anyway), never on purpose into a lower or incomparable level's.
   "Likely": the time left is at least :data:`ESTIMATE_MARGIN` x *L*'s own estimate, the longest of
   its last :data:`ESTIMATE_CALLS` calls; a call expected to be longer than that whole stretch starts
-  only in the first :data:`OVERLONG_START` of its slot;
+  only in the first :data:`OVERLONG_START` of its slot, and so does a level's first call of a kind (no
+  estimate yet: it may be as long as any);
+* a call of *L* does not start while a call of a level *L* strictly dominates is running (one that ran
+  on into *L*'s slot, as it may): *L* waits for it to end instead of sharing the cores with it, so the
+  lower level's call is not slowed by *L*'s work, and *L*'s waiting depends only on a level it
+  dominates;
 * calls are never pre-empted (a Spark job cannot be stopped and resumed): a call that outlives its
   deadline *overruns* it, and the next slot starts on time anyway, beside it.  Overruns are counted and
-  timed per level (:meth:`Turns.stats`: a level's own figures only).
+  timed per level (:meth:`Turns.stats`: a level's own figures only).  In a trusted worker the least
+  level's Spark jobs take free task slots before an overrunning call's (worker/pools.py).
 
 **What a lower level's timing can depend on** is then what :mod:`strata.scheduling` says of each
 policy (``fixed_slot``: the clock only; ``revised_fixed_slot``: its own work and the levels it
@@ -220,11 +226,20 @@ class Turns:
         cur = self._current
         if level not in cur.runs or now >= cur.end:
             return False
+        if self._below_running(level):  # a lower level's call ran on into this slot: it ends first
+            return False
         stretch = self.deadline(level) - cur.start
+        if not self._past(level, kind) and stretch != math.inf:  # nothing known yet: as if too long for it
+            return now - cur.start <= OVERLONG_START * (cur.end - cur.start)
         need = ESTIMATE_MARGIN * self.estimate(level, kind)
         if need <= stretch:
             return self.deadline(level) - now >= need
         return now - cur.start <= OVERLONG_START * (cur.end - cur.start)  # too long for it: only at the slot's start
+
+    def _below_running(self, level: str) -> bool:
+        """Whether a call of a level ``level`` strictly dominates is running (the condition held)."""
+        leq = self.scheduler.leq
+        return any(self._running[lo] for lo in self.levels if lo != level and leq(lo, level))
 
     @contextmanager
     def turn(self, level: str, kind: str = "call"):
@@ -263,6 +278,7 @@ class Turns:
                 self._running[level] -= 1
                 if not self._running[level]:
                     self._busy[level] += t1 - self._run_from.pop(level, t1)
+                    self._cond.notify_all()  # calls of the levels above may be waiting for it to end
                 self._past(level, kind).append(t1 - t0)
                 if t1 > slot_end and not self._stop.is_set():  # (never for the bottom level: no deadline)
                     st["overruns"] += 1

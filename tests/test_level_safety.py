@@ -222,8 +222,12 @@ def assert_arrivals_within_rounds(runs: dict, period: float, rounds: int) -> Non
     merged in S's slots only, so arrivals step by whole rounds: the same slot when S's work fits in it in
     both runs, a round apart when S's call ends just past its slot's edge in one run only (its duration
     varies with the machine's other load, and a TS call that overran its deadline shares the worker with
-    it: calls are not pre-empted, strata/turns.py).  Measured on the 2-core VM at load 2-3.5: 0.01-0.09 s
-    apart (0.706-0.799 s after the finish in every run)."""
+    it: calls are not pre-empted, strata/turns.py).  Measured with tests/test_trusted_e2e.py's 0.5 s slots
+    on the 2-core VM with two CPU-bound processes beside it: S's finishing call took 0.35-0.43 s without
+    TS and 0.49-0.94 s with it, so with TS it ended past S's slot and arrived a round later in 4 runs of
+    4 (0.51-0.64 s apart).  Under the default 0.25 s slots S's call always outlasts its slot and shares
+    TS's with TS's work: 0.07-0.54 s apart (before the worker's pools and turns let S's call alone, up
+    to 0.63 s locally and 1.07 s on CI)."""
     a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
     print("last arrivals after the finish, with TS:", {q: round(x, 3) for q, x in a.items()},
           "without:", {q: round(x, 3) for q, x in b.items()})

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import deque
 import threading
 import time
 
@@ -80,6 +81,63 @@ def test_a_call_starts_only_in_its_levels_slot_and_when_its_own_estimate_fits_be
     assert t.may_start("TS", c.t)
     c.t = t0 + 2 * OVERLONG_START * 0.25
     assert not t.may_start("TS", c.t)
+
+
+def test_a_levels_first_call_of_a_kind_starts_only_at_its_slots_start():
+    """No estimate yet: the call may be as long as any, so it starts as an overlong one would (the bottom
+    level, without a deadline, at any time)."""
+    c = Clock()
+    t = turns("fixed_slot", clock=c)
+    plan = t.plan_round(c.t)
+    tl = plan.timeline()
+    (s0, s1, s_runs), (t0, t1, t_runs) = tl
+    t.open_slot(s_runs, s0, s1, tl[1:], plan.end)
+    c.t = s1 - 0.01
+    assert t.may_start("S", c.t)  # S: no deadline
+    t.open_slot(t_runs, t0, t1, (), plan.end)
+    c.t = t0 + 0.5 * OVERLONG_START * (t1 - t0)
+    assert t.may_start("TS", c.t) and t.may_start("TS", c.t, kind="ingest")
+    c.t = t0 + 2 * OVERLONG_START * (t1 - t0)
+    assert not t.may_start("TS", c.t) and not t.may_start("TS", c.t, kind="ingest")
+    t._kinds[("TS", "ingest")] = deque([0.01])  # an ingest batch's estimate: it fits
+    assert t.may_start("TS", c.t, kind="ingest") and not t.may_start("TS", c.t)
+
+
+def test_a_higher_levels_call_waits_for_a_lower_levels_call_that_ran_on_into_its_slot():
+    """S's call runs on into TS's slot (it may: TS dominates S); a TS call waits until it has ended instead
+    of sharing the worker with it, and is let in as soon as it ends (on a hand-driven clock)."""
+    c = Clock()
+    t = turns("fixed_slot", clock=c)
+    plan = t.plan_round(c.t)
+    tl = plan.timeline()
+    (s0, s1, s_runs), (t0, t1, t_runs) = tl
+    t._recent["TS"].append(0.001)
+    t.open_slot(s_runs, s0, s1, tl[1:], plan.end)
+    in_s, release, ts_in = threading.Event(), threading.Event(), threading.Event()
+
+    def s_call():
+        with t.turn("S"):
+            in_s.set()
+            release.wait(10)
+
+    def ts_call():
+        with t.turn("TS"):
+            ts_in.set()
+
+    s_th = threading.Thread(target=s_call)
+    s_th.start()
+    assert in_s.wait(5)
+    c.t = t0 + 0.001
+    t.open_slot(t_runs, t0, t1, (), plan.end)  # TS's slot: S's call still running
+    ts_th = threading.Thread(target=ts_call)
+    ts_th.start()
+    wait_for(lambda: t._waiting["TS"] == 1, 5, "TS's call waiting")
+    assert not t.may_start("TS", c.t) and not ts_in.wait(0.1)  # its slot, its estimate fits: S's call runs
+    release.set()
+    s_th.join(5)
+    assert ts_in.wait(5), "TS's call was not let in when S's ended"
+    ts_th.join(5)
+    assert t.may_start("TS", c.t)
 
 
 def test_the_deadline_is_the_next_slot_of_a_level_that_does_not_dominate_the_caller():

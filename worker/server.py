@@ -20,6 +20,7 @@ from strata.tls import PeerCheck, peer_identity, server_credentials
 
 from .assemble import describe_error, is_infrastructure_error
 from .load import make_load, spark_executor_samples
+from .pools import fair_conf
 from .service import QuerySpecData, WorkerCore, WorkerFenced, WorkerRefused, one_line
 from strata.turns import make_turns
 from .spark import get_session
@@ -138,8 +139,8 @@ def serve_worker(config, level: str, listen: str, spec, spark_master: str = "loc
     # ~1.4 cores busy, so on 2 cores the rest overlaps
     partials = partials_switch()  # a bad value is refused before the JVM starts
     levels = tuple(dict.fromkeys(config.lattice.parse(lv) for lv in levels))
-    if len(levels) > 1 and "spark.scheduler.mode" not in (spark_conf or {}):  # a trusted worker: a pool per level
-        spark_conf = {**(spark_conf or {}), "spark.scheduler.mode": "FAIR"}
+    if len(levels) > 1:  # a trusted worker: a pool per level, the least level's first (worker/pools.py)
+        spark_conf = fair_conf(config.lattice, levels, spark_conf)
     t0 = time.perf_counter()
     box: dict = {}
 

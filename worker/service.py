@@ -33,10 +33,10 @@ from strata.chunking.codec import decode_chunk, encode_result
 from strata.chunking.model import ChunkResult
 from strata.config import Config, StreamSchema, with_streams
 from strata.errors import one_line  # worker/server.py takes it from here
-from strata.groups import level_slug
 from strata.mlscql import CompiledQuery, QueryError, compile_query
 from strata.visibility import Visibility
 
+from .pools import pool_name
 from .shared import SharedExecutor
 
 __all__ = ["WorkerCore", "WorkerRefused", "WorkerFenced", "QuerySpecData", "one_line"]
@@ -176,11 +176,12 @@ class WorkerCore:
 
     def _pool(self, level: str) -> None:
         """A trusted worker runs a level's Spark jobs in that level's scheduler pool (its session is
-        started with ``spark.scheduler.mode`` FAIR, worker/server.py): jobs of different levels share
-        the task slots instead of queueing in the order they were submitted (docs/trusted.md)."""
+        started with ``spark.scheduler.mode`` FAIR and the pools of worker/pools.py): jobs of different
+        levels share the task slots instead of queueing in the order they were submitted, and the least
+        level's jobs take the slots first (docs/trusted.md)."""
         sc = getattr(getattr(self.engine, "spark", None), "sparkContext", None)
         if sc is not None:
-            sc.setLocalProperty("spark.scheduler.pool", "level-" + level_slug(level))
+            sc.setLocalProperty("spark.scheduler.pool", pool_name(level))
 
     def stats(self) -> dict:
         with self._lock:
