@@ -179,7 +179,9 @@ class Turns:
                 if self._stop.is_set():
                     break
             next_start = plan.end
-            if self.clock() - next_start > self.scheduler.slot_seconds:  # far behind (a stall): restart now
+            behind = self.clock() - next_start
+            if behind > self.scheduler.slot_seconds:  # far behind (a stall): restart now
+                self.late_edges.append(behind)  # the next round's first slot, as late as this
                 next_start = self.first_start()
 
     def start(self) -> "Turns":
