@@ -223,11 +223,11 @@ def assert_arrivals_within_rounds(runs: dict, period: float, rounds: int) -> Non
     both runs, a round apart when S's call ends just past its slot's edge in one run only (its duration
     varies with the machine's other load, and a TS call that overran its deadline shares the worker with
     it: calls are not pre-empted, strata/turns.py).  Measured with tests/test_trusted_e2e.py's 0.5 s slots
-    on the 2-core VM with two CPU-bound processes beside it: S's finishing call took 0.35-0.43 s without
-    TS and 0.49-0.94 s with it, so with TS it ended past S's slot and arrived a round later in 4 runs of
-    4 (0.51-0.64 s apart).  Under the default 0.25 s slots S's call always outlasts its slot and shares
-    TS's with TS's work: 0.07-0.54 s apart (before the worker's pools and turns let S's call alone, up
-    to 0.63 s locally and 1.07 s on CI)."""
+    on the 2-core VM with two CPU-bound processes beside it: 0.51-0.64 s apart in 4 runs of 4, S's call
+    ending just past its slot in the run with TS and just inside in the run after it, mostly because S's
+    chunks get faster run after run on the same worker (0.72, 0.58, 0.55 with TS, 0.40 s: docs/trusted.md
+    "Choosing the slot").  Under the default 0.25 s slots: 0.07-0.54 s apart (before the worker's pools
+    and the turns' rules kept TS's calls from S's, up to 0.63 s locally and 1.07 s on CI)."""
     a, b = runs["with_ts"][1]["arrival"], runs["without"][1]["arrival"]
     print("last arrivals after the finish, with TS:", {q: round(x, 3) for q, x in a.items()},
           "without:", {q: round(x, 3) for q, x in b.items()})
