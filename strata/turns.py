@@ -23,9 +23,11 @@ policies the host gate, ``strata slots``, applies to whole processes in the repl
   only in the first :data:`OVERLONG_START` of its slot, and so does a level's first call of a kind (no
   estimate yet: it may be as long as any);
 * a call of *L* does not start while a call of a level *L* strictly dominates is running (one that ran
-  on into *L*'s slot, as it may): *L* waits for it to end instead of sharing the cores with it, so the
-  lower level's call is not slowed by *L*'s work, and *L*'s waiting depends only on a level it
-  dominates;
+  on into *L*'s slot, as it may), during the first :data:`LOWER_GRACE` of *L*'s slot: *L* waits for it
+  to end instead of sharing the cores with it, so the lower level's call is not slowed by *L*'s work,
+  and *L*'s waiting depends only on a level it dominates.  After the grace *L* starts beside it (a long
+  or endless lower call does not stop *L*'s work), and the "first share of its slot" above counts
+  from when the slot opened for *L* (the lower calls' end, or the grace's);
 * calls are never pre-empted (a Spark job cannot be stopped and resumed): a call that outlives its
   deadline *overruns* it, and the next slot starts on time anyway, beside it.  Overruns are counted and
   timed per level (:meth:`Turns.stats`: a level's own figures only).  In a trusted worker the least
@@ -63,7 +65,7 @@ from typing import Callable
 
 from strata.scheduling import Reading, Scheduler, linear_levels
 
-__all__ = ["Turns", "ESTIMATE_CALLS", "ESTIMATE_MARGIN", "OVERLONG_START", "grid_start", "make_turns"]
+__all__ = ["Turns", "ESTIMATE_CALLS", "ESTIMATE_MARGIN", "LOWER_GRACE", "OVERLONG_START", "grid_start", "make_turns"]
 
 #: a level's estimate of its next call: the longest of its last this many calls
 ESTIMATE_CALLS = 8
@@ -71,6 +73,9 @@ ESTIMATE_CALLS = 8
 ESTIMATE_MARGIN = 1.25
 #: a call expected to outlast all the time to its deadline starts only in this first share of its slot
 OVERLONG_START = 0.1
+#: a call waits for the calls of the levels below it that ran on into its slot only this first share of the
+#: slot: then it starts beside them (a long lower call must not stop a higher level's work)
+LOWER_GRACE = 0.5
 
 
 def grid_start(now: float, period: float, wall_minus_clock: float) -> float:
@@ -114,6 +119,7 @@ class Turns:
         self._running: Counter = Counter()
         self._busy: dict[str, float] = {lv: 0.0 for lv in self.levels}  # seconds its calls ran this round
         self._run_from: dict[str, float] = {}  # a level with calls running: since when (this round)
+        self._ended: dict[str, float] = {}  # when each level's last call ended (its calls all done)
         self._recent: dict[str, deque] = {lv: deque(maxlen=ESTIMATE_CALLS) for lv in self.levels}
         #: the recent calls of other kinds of a level's work ((level, kind) -> durations): each kind is
         #: estimated from its own past (a trusted master's checkpoints are longer than its ingest batches)
@@ -228,20 +234,38 @@ class Turns:
         cur = self._current
         if level not in cur.runs or now >= cur.end:
             return False
-        if self._below_running(level):  # a lower level's call ran on into this slot: it ends first
+        opened = self._opened(level, now)
+        if opened is None:  # a lower level's call ran on into this slot: it ends first (within the grace)
             return False
         stretch = self.deadline(level) - cur.start
         if not self._past(level, kind) and stretch != math.inf:  # nothing known yet: as if too long for it
-            return now - cur.start <= OVERLONG_START * (cur.end - cur.start)
+            return now - opened <= OVERLONG_START * (cur.end - cur.start)
         need = ESTIMATE_MARGIN * self.estimate(level, kind)
         if need <= stretch:
             return self.deadline(level) - now >= need
-        return now - cur.start <= OVERLONG_START * (cur.end - cur.start)  # too long for it: only at the slot's start
+        return now - opened <= OVERLONG_START * (cur.end - cur.start)  # too long for it: only as its slot opens
+
+    def _below(self, level: str) -> list[str]:
+        leq = self.scheduler.leq
+        return [lo for lo in self.levels if lo != level and leq(lo, level)]
 
     def _below_running(self, level: str) -> bool:
         """Whether a call of a level ``level`` strictly dominates is running (the condition held)."""
-        leq = self.scheduler.leq
-        return any(self._running[lo] for lo in self.levels if lo != level and leq(lo, level))
+        return any(self._running[lo] for lo in self._below(level))
+
+    def _grace_end(self) -> float:
+        cur = self._current
+        return cur.start + LOWER_GRACE * (cur.end - cur.start)
+
+    def _opened(self, level: str, now: float) -> float | None:
+        """When the current slot opened for ``level``'s calls: its start, or when the calls of the levels
+        below that ran on into it ended, at the latest :data:`LOWER_GRACE` into it; None while such a call
+        still runs within the grace.  The condition held."""
+        cur, grace_end = self._current, self._grace_end()
+        if self._below_running(level):
+            return None if now < grace_end else grace_end
+        ended = max((self._ended.get(lo, -math.inf) for lo in self._below(level)), default=-math.inf)
+        return max(cur.start, min(ended, grace_end))
 
     @contextmanager
     def turn(self, level: str, kind: str = "call"):
@@ -258,8 +282,12 @@ class Turns:
                     if self.may_start(level, now, kind):
                         break
                     cur = self._current
-                    # wake at the slot's edge, or when a slot opens (notify)
-                    self._cond.wait(max(0.001, cur.end - now) if level in cur.runs and now < cur.end else None)
+                    # wake at the slot's edge, or at the grace's end while a lower level's call runs, or when a
+                    # slot opens or a call ends (notify)
+                    wake = cur.end
+                    if self._below_running(level) and now < self._grace_end():
+                        wake = self._grace_end()
+                    self._cond.wait(max(0.001, wake - now) if level in cur.runs and now < cur.end else None)
             finally:
                 self._waiting[level] -= 1
             t0 = now  # the call starts when it was let in (the condition still held)
@@ -280,6 +308,7 @@ class Turns:
                 self._running[level] -= 1
                 if not self._running[level]:
                     self._busy[level] += t1 - self._run_from.pop(level, t1)
+                    self._ended[level] = t1
                     self._cond.notify_all()  # calls of the levels above may be waiting for it to end
                 self._past(level, kind).append(t1 - t0)
                 if t1 > slot_end and not self._stop.is_set():  # (never for the bottom level: no deadline)

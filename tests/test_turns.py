@@ -27,7 +27,7 @@ from strata.examples import BATTLEFIELD_TOML
 from strata.master.pipeline import QueryPipeline
 from strata.scheduling import Scheduler
 from strata.worker.service import QuerySpecData, WorkerCore
-from strata.turns import OVERLONG_START, Turns, grid_start, make_turns
+from strata.turns import LOWER_GRACE, OVERLONG_START, Turns, grid_start, make_turns
 
 from .polling import wait_for
 
@@ -51,11 +51,16 @@ def turns(policy: str, slot=0.25, clock=None, **kw) -> Turns:
 
 
 # ---- the admission rule and the readings, on a hand-driven clock ------------------------------------------
-def test_a_call_starts_only_in_its_levels_slot_and_when_its_own_estimate_fits_before_its_deadline():
+def hand_round():
+    """A fixed-slot round of S and TS on a hand-driven clock: (clock, turns, plan, timeline)."""
     c = Clock()
     t = turns("fixed_slot", clock=c)
     plan = t.plan_round(c.t)
-    tl = plan.timeline()
+    return c, t, plan, plan.timeline()
+
+
+def test_a_call_starts_only_in_its_levels_slot_and_when_its_own_estimate_fits_before_its_deadline():
+    c, t, plan, tl = hand_round()
     (s0, s1, s_runs), (t0, t1, t_runs) = tl
     assert s_runs == ("S",) and t_runs == ("TS",) and s1 == t0
     t.open_slot(s_runs, s0, s1, tl[1:], plan.end)
@@ -86,10 +91,7 @@ def test_a_call_starts_only_in_its_levels_slot_and_when_its_own_estimate_fits_be
 def test_a_levels_first_call_of_a_kind_starts_only_at_its_slots_start():
     """No estimate yet: the call may be as long as any, so it starts as an overlong one would (the bottom
     level, without a deadline, at any time)."""
-    c = Clock()
-    t = turns("fixed_slot", clock=c)
-    plan = t.plan_round(c.t)
-    tl = plan.timeline()
+    c, t, plan, tl = hand_round()
     (s0, s1, s_runs), (t0, t1, t_runs) = tl
     t.open_slot(s_runs, s0, s1, tl[1:], plan.end)
     c.t = s1 - 0.01
@@ -106,10 +108,7 @@ def test_a_levels_first_call_of_a_kind_starts_only_at_its_slots_start():
 def test_a_higher_levels_call_waits_for_a_lower_levels_call_that_ran_on_into_its_slot():
     """S's call runs on into TS's slot (it may: TS dominates S); a TS call waits until it has ended instead
     of sharing the worker with it, and is let in as soon as it ends (on a hand-driven clock)."""
-    c = Clock()
-    t = turns("fixed_slot", clock=c)
-    plan = t.plan_round(c.t)
-    tl = plan.timeline()
+    c, t, plan, tl = hand_round()
     (s0, s1, s_runs), (t0, t1, t_runs) = tl
     t._recent["TS"].append(0.001)
     t.open_slot(s_runs, s0, s1, tl[1:], plan.end)
@@ -137,6 +136,59 @@ def test_a_higher_levels_call_waits_for_a_lower_levels_call_that_ran_on_into_its
     s_th.join(5)
     assert ts_in.wait(5), "TS's call was not let in when S's ended"
     ts_th.join(5)
+    assert t.may_start("TS", c.t)
+
+
+def test_a_waiting_call_starts_once_the_grace_ends_beside_a_lower_call_that_still_runs():
+    c, t, plan, tl = hand_round()
+    (s0, s1, s_runs), (t0, t1, t_runs) = tl
+    t._recent["TS"].append(0.001)
+    c.t = t0 + 0.001
+    t.open_slot(t_runs, t0, t1, (), plan.end)
+    t._running["S"] = 1  # an S call that runs on (and on)
+    ts_in = threading.Event()
+
+    def ts_call():
+        with t.turn("TS"):
+            ts_in.set()
+
+    th = threading.Thread(target=ts_call)
+    th.start()
+    wait_for(lambda: t._waiting["TS"] == 1, 5, "TS's call waiting")
+    assert not ts_in.wait(0.05)
+    c.t = t0 + LOWER_GRACE * (t1 - t0)  # no notification: the waiting call wakes by its own timeout
+    assert ts_in.wait(5), "TS's call did not start after the grace"
+    th.join(5)
+
+
+def test_the_wait_for_a_lower_levels_call_lasts_the_grace_and_the_slot_opens_when_it_ends():
+    """A lower level's call holds a higher level's calls back only for the first LOWER_GRACE of its slot (a
+    long S call does not stop TS); "the first share of its slot" of an overlong call or a first call counts
+    from when the slot opened for it."""
+    c, t, plan, tl = hand_round()
+    (s0, s1, s_runs), (t0, t1, t_runs) = tl
+    slot = t1 - t0
+    t.open_slot(t_runs, t0, t1, (), plan.end)
+    t._running["S"] = 1  # S's call ran on into TS's slot
+    t._recent["TS"].append(0.001)
+    c.t = t0 + 0.9 * LOWER_GRACE * slot
+    assert not t.may_start("TS", c.t)
+    c.t = t0 + LOWER_GRACE * slot
+    assert t.may_start("TS", c.t)  # the grace is over: beside S's call
+    t._recent["TS"].append(10.0)  # overlong: only in the first share from the grace's end
+    c.t = t0 + (LOWER_GRACE + 0.5 * OVERLONG_START) * slot
+    assert t.may_start("TS", c.t)
+    c.t = t0 + (LOWER_GRACE + 2 * OVERLONG_START) * slot
+    assert not t.may_start("TS", c.t)
+    # S's call ends 0.2 of the slot in: the slot opens for TS then
+    t._running["S"] = 0
+    t._ended["S"] = t0 + 0.2 * slot
+    c.t = t0 + (0.2 + 0.5 * OVERLONG_START) * slot
+    assert t.may_start("TS", c.t)
+    c.t = t0 + (0.2 + 2 * OVERLONG_START) * slot
+    assert not t.may_start("TS", c.t)
+    t._ended["S"] = t0 - 0.1  # ended before the slot: it opened at its start
+    c.t = t0 + 0.5 * OVERLONG_START * slot
     assert t.may_start("TS", c.t)
 
 
