@@ -116,6 +116,7 @@ class Sshd:
                 "StrictModes no",  # the key files live in pytest's temporary directories
                 "X11Forwarding no", "AllowTcpForwarding no", "PrintMotd no", "LogLevel VERBOSE",
                 "Subsystem sftp /usr/lib/openssh/sftp-server",  # scp speaks SFTP since OpenSSH 9
+                *self.set_env(),
             ]) + "\n")
             log = open(hdir / "sshd.log", "wb")
             self.procs.append(subprocess.Popen(["ip", "netns", "exec", self.topo.ns[h], SSHD, "-D", "-e",
@@ -129,6 +130,13 @@ class Sshd:
                 r = self.ssh(h, "true")
                 raise AssertionError(f"sshd on {h} does not let the operator in: {r.stderr.strip()}\n"
                                      f"{(self.dir / h / 'sshd.log').read_text()[-2000:]}")
+
+    @staticmethod
+    def set_env() -> list[str]:
+        """The suite's choice of the workers' warm-up (tests/conftest.py) for the processes started over ssh,
+        as for those it starts itself (none: the remote processes warm up as users' do)."""
+        v = os.environ.get("STRATA_WARMUP_SECONDS")
+        return [f"SetEnv STRATA_WARMUP_SECONDS={v}"] if v else []
 
     def options(self) -> list[str]:
         """Inventory ssh_options: this test's key, and only the host keys it made."""
