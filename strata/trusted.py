@@ -13,7 +13,7 @@ from __future__ import annotations
 from .commands import split_levels
 from .errors import EXIT_REJECTED, CliError
 
-__all__ = ["trusted_levels", "top_of", "MODES"]
+__all__ = ["trusted_levels", "top_of", "bottom_of", "MODES"]
 
 #: the deployment architectures (``[cluster] mode``; ``strata up --mode``)
 MODES = ("replicated", "trusted")
@@ -23,6 +23,14 @@ def top_of(lattice, levels) -> str | None:
     """The level of ``levels`` that dominates every other one, or None if there is none."""
     for lv in levels:
         if all(lattice.leq(other, lv) for other in levels):
+            return lv
+    return None
+
+
+def bottom_of(lattice, levels) -> str | None:
+    """The level of ``levels`` that every other one dominates, or None if there is none."""
+    for lv in levels:
+        if all(lattice.leq(lv, other) for other in levels):
             return lv
     return None
 

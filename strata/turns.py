@@ -120,6 +120,8 @@ class Turns:
         self._busy: dict[str, float] = {lv: 0.0 for lv in self.levels}  # seconds its calls ran this round
         self._run_from: dict[str, float] = {}  # a level with calls running: since when (this round)
         self._ended: dict[str, float] = {}  # when each level's last call ended (its calls all done)
+        #: the levels each level strictly dominates (whose calls it waits for within the grace)
+        self._lower = {lv: tuple(lo for lo in self.levels if lo != lv and scheduler.leq(lo, lv)) for lv in self.levels}
         self._recent: dict[str, deque] = {lv: deque(maxlen=ESTIMATE_CALLS) for lv in self.levels}
         #: the recent calls of other kinds of a level's work ((level, kind) -> durations): each kind is
         #: estimated from its own past (a trusted master's checkpoints are longer than its ingest batches)
@@ -245,13 +247,9 @@ class Turns:
             return self.deadline(level) - now >= need
         return now - opened <= OVERLONG_START * (cur.end - cur.start)  # too long for it: only as its slot opens
 
-    def _below(self, level: str) -> list[str]:
-        leq = self.scheduler.leq
-        return [lo for lo in self.levels if lo != level and leq(lo, level)]
-
     def _below_running(self, level: str) -> bool:
         """Whether a call of a level ``level`` strictly dominates is running (the condition held)."""
-        return any(self._running[lo] for lo in self._below(level))
+        return any(self._running[lo] for lo in self._lower[level])
 
     def _grace_end(self) -> float:
         cur = self._current
@@ -264,7 +262,7 @@ class Turns:
         cur, grace_end = self._current, self._grace_end()
         if self._below_running(level):
             return None if now < grace_end else grace_end
-        ended = max((self._ended.get(lo, -math.inf) for lo in self._below(level)), default=-math.inf)
+        ended = max((self._ended.get(lo, -math.inf) for lo in self._lower[level]), default=-math.inf)
         return max(cur.start, min(ended, grace_end))
 
     @contextmanager

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 
 from strata.config import parse_config
 from strata.examples import BATTLEFIELD_TOML
-from strata.worker.pools import NEEDY_SHARE, allocation_xml, fair_conf, least_level, pool_name
+from strata.trusted import bottom_of
+from strata.worker.pools import NEEDY_SHARE, allocation_xml, fair_conf, pool_name
 
 
 class Diamond:
@@ -27,7 +28,7 @@ def pools(xml: str) -> dict:
 
 def test_the_least_level_is_needy_and_the_others_keep_the_defaults():
     lattice = parse_config(BATTLEFIELD_TOML).lattice
-    assert least_level(lattice, ("S", "TS")) == "S"
+    assert bottom_of(lattice, ("S", "TS")) == "S"
     assert pools(allocation_xml(lattice, ("S", "TS"))) == {
         pool_name("S"): ("FIFO", 1, NEEDY_SHARE), pool_name("TS"): ("FIFO", 1, 0)}
     got = pools(allocation_xml(lattice, ("U", "C", "S", "TS")))
@@ -36,9 +37,9 @@ def test_the_least_level_is_needy_and_the_others_keep_the_defaults():
 
 def test_without_a_least_level_no_pool_goes_first():
     """A and B incomparable: neither may take the slots before the other (its timing would depend on the other)."""
-    assert least_level(Diamond(), ("A", "B", "top")) is None
+    assert bottom_of(Diamond(), ("A", "B", "top")) is None
     assert {v[2] for v in pools(allocation_xml(Diamond(), ("A", "B", "top"))).values()} == {0}
-    assert least_level(Diamond(), ("A", "B", "bot")) == "bot"
+    assert bottom_of(Diamond(), ("A", "B", "bot")) == "bot"
 
 
 def test_fair_conf_writes_the_file_and_keeps_what_the_level_sets():

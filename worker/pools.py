@@ -29,6 +29,7 @@ import tempfile
 from xml.sax.saxutils import quoteattr
 
 from strata.groups import level_slug
+from strata.trusted import bottom_of
 
 __all__ = ["NEEDY_SHARE", "pool_name", "allocation_xml", "write_allocation_file", "fair_conf"]
 
@@ -41,17 +42,9 @@ def pool_name(level: str) -> str:
     return "level-" + level_slug(level)
 
 
-def least_level(lattice, levels) -> str | None:
-    """The served level every other served level dominates, or None (no such level)."""
-    for lv in levels:
-        if all(lattice.leq(lv, other) for other in levels):
-            return lv
-    return None
-
-
 def allocation_xml(lattice, levels) -> str:
     """The allocation file (Spark's ``fairscheduler.xml`` format) of a worker serving ``levels``."""
-    least = least_level(lattice, levels)
+    least = bottom_of(lattice, levels)
     pools = []
     for lv in levels:
         share = NEEDY_SHARE if lv == least else 0
